@@ -1,0 +1,293 @@
+"""Fetch the pinned artefacts with pip into a cache; hand out verified paths and pristine trees.
+
+Every use re-hashes the cached file: a file whose sha256 differs from its pin is deleted and
+reported (:class:`~patchset.errors.HashMismatch`), never used. Once a file is cached and
+verifies, pip is not called again, so everything works offline.
+
+Cache: ``$PATCHSET_CACHE`` or ``<root>/.cache/patchset``, one file per pin, named as pinned.
+Pristine trees: ``<root>/build/base/<target>``, the sdist unpacked once, files read-only,
+with a stamp ``build/base/<target>.pin`` naming the sdist sha256 it came from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from .errors import ExternalToolError, HashMismatch, PatchsetError, PinError
+from .hashing import sha256_file
+from .pins import Pin, Pins, find_root, load_pins
+
+PipRunner = Callable[[Sequence[str], Mapping[str, str]], None]
+"""Runs one ``pip download`` argv (after the pip command itself) under an environment."""
+
+FetchAction = Literal["cached", "downloaded", "copied"]
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A pinned file that is in the cache and verified, and how it got there this time."""
+
+    pin: Pin
+    path: Path
+    action: FetchAction
+
+
+def cache_dir(root: Path) -> Path:
+    """The download cache: ``$PATCHSET_CACHE`` or ``<root>/.cache/patchset``."""
+    override = os.environ.get("PATCHSET_CACHE")
+    return Path(override).resolve() if override else root / ".cache" / "patchset"
+
+
+def pip_command() -> list[str]:
+    """The pip to run: ``$PATCHSET_PIP`` (split like a shell would) or ``python -m pip``."""
+    override = os.environ.get("PATCHSET_PIP")
+    return shlex.split(override) if override else [sys.executable, "-m", "pip"]
+
+
+def run_pip(args: Sequence[str], env: Mapping[str, str]) -> None:
+    """Run pip with ``args`` under ``os.environ`` updated with ``env``; raise on failure."""
+    argv = [*pip_command(), *args]
+    merged = {**os.environ, **env, "PIP_NO_INPUT": "1"}
+    proc = subprocess.run(argv, env=merged, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-20:]
+        raise ExternalToolError(
+            f"pip failed (exit {proc.returncode}): {shlex.join(argv)}",
+            details=tail,
+            hint="check the network and the index, or seed the cache: patchset fetch --from DIR",
+        )
+
+
+def verify_cached(pin: Pin, path: Path) -> None:
+    """Re-hash ``path``; if it is not the pinned file, delete it and raise HashMismatch."""
+    actual = sha256_file(path)
+    if actual != pin.sha256:
+        path.unlink()
+        raise HashMismatch(
+            f"{pin.key}: {path} has sha256 {actual}, pinned {pin.sha256}; deleted it",
+            hint="run `patchset fetch` again to download it afresh",
+        )
+
+
+def fetch_pin(
+    pin: Pin,
+    cache: Path,
+    *,
+    offline: bool = False,
+    source: Path | None = None,
+    pip: PipRunner = run_pip,
+) -> Fetched:
+    """Make ``pin``'s file present and verified in ``cache``; return where it is.
+
+    A cached file is re-hashed and used as is (pip is not called). Otherwise the file is
+    copied from ``source`` (a directory searched two levels deep) when given, else downloaded
+    with ``pip download --no-deps``; either way it lands under a temporary name, is hashed,
+    and only a matching file is moved into place.
+    """
+    target = cache / pin.filename
+    if target.is_file():
+        verify_cached(pin, target)
+        return Fetched(pin, target, "cached")
+    if offline and source is None:
+        raise PinError(
+            f"{pin.key}: {pin.filename} is not in the cache {cache} and --offline forbids pip",
+            hint="run `patchset fetch` once with network access, or `patchset fetch --from DIR`",
+        )
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".fetch-") as tmp_name:
+        tmp = Path(tmp_name)
+        if source is not None:
+            found = _find_in(source, pin.filename)
+            if found is None:
+                raise PinError(f"{pin.key}: {pin.filename} not found under {source}")
+            staged = tmp / pin.filename
+            shutil.copyfile(found, staged)
+            action: FetchAction = "copied"
+        else:
+            pip(
+                ["download", "--no-deps", "--dest", str(tmp), *pin.pip_args, pin.requirement],
+                pin.env_dict,
+            )
+            staged = tmp / pin.filename
+            if not staged.is_file():
+                produced = sorted(p.name for p in tmp.iterdir())
+                raise PinError(
+                    f"{pin.key}: pip did not produce {pin.filename}",
+                    details=[f"pip produced: {', '.join(produced) or 'nothing'}"],
+                    hint="the index may serve a different file; check pip_args in pins.toml",
+                )
+            action = "downloaded"
+        actual = sha256_file(staged)
+        if actual != pin.sha256:
+            staged.unlink()
+            raise HashMismatch(
+                f"{pin.key}: {action} {pin.filename} has sha256 {actual}, pinned {pin.sha256}; "
+                "deleted it",
+                hint="the artefact changed upstream or in transit; do not edit pins.toml "
+                "without checking why",
+            )
+        os.replace(staged, target)
+    return Fetched(pin, target, action)
+
+
+def fetch_all(
+    pins: Pins,
+    cache: Path,
+    *,
+    offline: bool = False,
+    source: Path | None = None,
+    pip: PipRunner = run_pip,
+) -> list[Fetched]:
+    """Fetch every pin; try them all, then raise one error listing every failure.
+
+    The error is a HashMismatch when any file mismatched (exit 1 either way).
+    """
+    done: list[Fetched] = []
+    failures: list[PatchsetError] = []
+    for pin in pins:
+        try:
+            done.append(fetch_pin(pin, cache, offline=offline, source=source, pip=pip))
+        except PatchsetError as exc:
+            failures.append(exc)
+    if failures:
+        if len(failures) == 1:
+            raise failures[0]
+        cls = HashMismatch if any(isinstance(f, HashMismatch) for f in failures) else PinError
+        raise cls(
+            f"{len(failures)} of {len(pins.pins)} pinned files could not be fetched",
+            details=[f.message for f in failures],
+            hint=failures[0].hint,
+        )
+    return done
+
+
+def pinned_file(target: str, kind: str, *, root: Path | None = None, offline: bool = False) -> Path:
+    """The verified cached file of pin ``[target.kind]``, downloading it if absent."""
+    root = root or find_root()
+    pin = load_pins(root / "pins.toml").get(target, kind)
+    return fetch_pin(pin, cache_dir(root), offline=offline).path
+
+
+def unpack_sdist(
+    target: str, dest: Path, *, root: Path | None = None, offline: bool = False
+) -> Path:
+    """Unpack the contents of pin ``[target.sdist]``'s top directory into ``dest``.
+
+    ``dest`` may be absent or an empty directory; anything else is refused. Every member must
+    be a regular file or directory under the pinned top directory (no absolute paths, no
+    ``..``, no links or devices); otherwise nothing is written.
+    """
+    root = root or find_root()
+    pin = load_pins(root / "pins.toml").get(target, "sdist")
+    archive = fetch_pin(pin, cache_dir(root), offline=offline).path
+    extract_sdist(archive, pin.top_dir or "", dest)
+    return dest
+
+
+def extract_sdist(archive: Path, top_dir: str, dest: Path) -> None:
+    """Extract ``archive``'s ``top_dir/`` into ``dest`` (see :func:`unpack_sdist`)."""
+    if dest.is_symlink() or (dest.exists() and (not dest.is_dir() or any(dest.iterdir()))):
+        raise PatchsetError(
+            f"refusing to unpack {archive.name} into {dest}: it exists and is not an empty "
+            "directory",
+            hint=f"remove {dest} or choose another directory",
+        )
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "r:*") as tar:
+        members = tar.getmembers()
+        problems = _unsafe_members(members, top_dir)
+        if problems:
+            raise PinError(
+                f"{archive.name}: refusing to unpack: {len(problems)} unsafe member(s)",
+                details=problems,
+            )
+        with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.unpack-") as tmp:
+            tar.extractall(tmp, members=members, filter="data")
+            unpacked = Path(tmp) / top_dir
+            if not unpacked.is_dir():
+                raise PinError(f"{archive.name}: no top directory {top_dir!r}")
+            if dest.exists():
+                dest.rmdir()
+            os.replace(unpacked, dest)
+
+
+def _unsafe_members(members: Sequence[tarfile.TarInfo], top_dir: str) -> list[str]:
+    problems = []
+    for member in members:
+        name = member.name
+        parts = name.split("/")
+        if name.startswith("/") or "\\" in name or ".." in parts:
+            problems.append(f"{name}: path escapes the tree")
+        elif parts[0] != top_dir:
+            problems.append(f"{name}: outside the top directory {top_dir}/")
+        elif not (member.isreg() or member.isdir()):
+            problems.append(f"{name}: not a regular file or directory")
+    return problems
+
+
+def pristine_tree(target: str, *, root: Path | None = None, offline: bool = False) -> Path:
+    """A read-only unpack of pin ``[target.sdist]`` under ``build/base/``, made once, reused.
+
+    The stamp ``build/base/<target>.pin`` (written last) holds the sdist sha256; a tree without
+    a matching stamp (interrupted unpack, new pin) is removed and unpacked again.
+    """
+    root = root or find_root()
+    pin = load_pins(root / "pins.toml").get(target, "sdist")
+    base = root / "build" / "base"
+    tree = base / target
+    stamp = base / f"{target}.pin"
+    base.mkdir(parents=True, exist_ok=True)
+    with _locked(base / f".{target}.lock"):
+        if tree.is_dir() and stamp.is_file() and stamp.read_text().strip() == pin.sha256:
+            return tree
+        stamp.unlink(missing_ok=True)
+        if tree.exists():
+            _remove_tree(tree)
+        unpack_sdist(target, tree, root=root, offline=offline)
+        _make_read_only(tree)
+        stamp.write_text(pin.sha256 + "\n")
+    return tree
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _make_read_only(tree: Path) -> None:
+    """Clear the write bits of every file (directories stay writable so ``rm -r`` works)."""
+    for dirpath, _dirs, files in os.walk(tree):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            mode = os.lstat(path).st_mode
+            os.chmod(path, stat.S_IMODE(mode) & ~0o222)
+
+
+def _remove_tree(tree: Path) -> None:
+    """Remove a pristine tree; its directories stay writable, so read-only files go too."""
+    shutil.rmtree(tree)
+
+
+def _find_in(directory: Path, filename: str) -> Path | None:
+    for candidate in (directory / filename, *directory.glob(f"*/{filename}")):
+        if candidate.is_file():
+            return candidate
+    return None

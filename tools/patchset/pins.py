@@ -1,0 +1,217 @@
+"""``pins.toml``: the pinned upstream artefacts (file name, sha256, how pip fetches them).
+
+The model is a frozen :class:`Pin` per (target, kind); :func:`load_pins` validates the whole
+file and reports every problem at once in one :class:`~patchset.errors.PinError`.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from .errors import PinError
+
+PinKind = Literal["sdist", "wheel"]
+KINDS: tuple[str, ...] = ("sdist", "wheel")
+SCHEMA_VERSION = 1
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_TARGET = re.compile(r"[a-z][a-z0-9_]*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_COMMON_KEYS = {"requirement", "filename", "sha256", "pip_args", "env"}
+_KIND_KEYS: dict[str, set[str]] = {
+    "sdist": _COMMON_KEYS | {"top_dir"},
+    "wheel": _COMMON_KEYS | {"differs_from_sdist", "build_only_py"},
+}
+_SUFFIX = {"sdist": (".tar.gz",), "wheel": (".whl",)}
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One pinned artefact: what pip is asked for and the exact file that must come back.
+
+    ``top_dir`` (sdists) is the single top-level directory of the archive. For wheels,
+    ``differs_from_sdist`` lists the ``vllm/**/*.py`` files that the build generates (so they
+    may differ from the sdist) and ``build_only_py`` the path prefixes of Python files the build
+    adds that the sdist lacks.
+    """
+
+    target: str
+    kind: PinKind
+    requirement: str
+    filename: str
+    sha256: str
+    pip_args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    top_dir: str | None = None
+    differs_from_sdist: tuple[str, ...] = ()
+    build_only_py: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """``<target>.<kind>``, the name used in messages, locks and receipts."""
+        return f"{self.target}.{self.kind}"
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+
+@dataclass(frozen=True)
+class Pins:
+    """Every pin of ``pins.toml``, by (target, kind)."""
+
+    path: Path
+    pins: tuple[Pin, ...]
+
+    def get(self, target: str, kind: str) -> Pin:
+        for pin in self.pins:
+            if pin.target == target and pin.kind == kind:
+                return pin
+        known = ", ".join(pin.key for pin in self.pins) or "none"
+        raise PinError(f"{self.path}: no pin [{target}.{kind}] (pinned: {known})")
+
+    def __iter__(self) -> Iterator[Pin]:
+        return iter(self.pins)
+
+    def targets(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(pin.target for pin in self.pins))
+
+
+def load_pins(path: Path) -> Pins:
+    """Read and validate ``pins.toml``; raise one PinError listing every problem."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PinError(f"{path}: not found", hint="run patchset from the repository root") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise PinError(f"{path}: not valid TOML: {exc}") from None
+    return parse_pins(raw, path)
+
+
+def parse_pins(raw: Mapping[str, Any], path: Path) -> Pins:
+    """Validate the decoded TOML of ``pins.toml`` (see :func:`load_pins`)."""
+    problems: list[str] = []
+    version = raw.get("schema_version")
+    if version != SCHEMA_VERSION:
+        problems.append(f"schema_version: expected {SCHEMA_VERSION}, found {version!r}")
+    pins: list[Pin] = []
+    for target, table in raw.items():
+        if target == "schema_version":
+            continue
+        if not _TARGET.fullmatch(target) or not isinstance(table, dict):
+            problems.append(f"[{target}]: expected a target table such as [vllm.sdist]")
+            continue
+        for kind, entry in table.items():
+            where = f"[{target}.{kind}]"
+            if kind not in KINDS or not isinstance(entry, dict):
+                problems.append(f"{where}: unknown kind (expected one of {', '.join(KINDS)})")
+                continue
+            pin = _parse_entry(target, kind, entry, where, problems)
+            if pin is not None:
+                pins.append(pin)
+    if not pins and not problems:
+        problems.append("no pins")
+    if problems:
+        raise PinError(
+            f"{path}: {len(problems)} problem(s) in the pins",
+            details=problems,
+            hint="fix pins.toml; every pin needs requirement, filename, sha256, pip_args, env",
+        )
+    return Pins(path=path, pins=tuple(pins))
+
+
+def _parse_entry(
+    target: str, kind: str, entry: dict[str, Any], where: str, problems: list[str]
+) -> Pin | None:
+    before = len(problems)
+    allowed = _KIND_KEYS[kind]
+    for key in sorted(set(entry) - allowed):
+        problems.append(f"{where}: unknown key {key!r}")
+    required = _COMMON_KEYS | ({"top_dir"} if kind == "sdist" else set())
+    for key in sorted(required - set(entry)):
+        problems.append(f"{where}: missing key {key!r}")
+    if len(problems) > before:
+        return None
+
+    requirement = entry["requirement"]
+    if not isinstance(requirement, str) or not requirement.strip():
+        problems.append(f"{where}: requirement must be a non-empty string")
+    filename = entry["filename"]
+    if (
+        not isinstance(filename, str)
+        or "/" in filename
+        or "\\" in filename
+        or filename.startswith(".")
+        or not filename.endswith(_SUFFIX[kind])
+    ):
+        problems.append(
+            f"{where}: filename {filename!r} must be a bare file name ending in "
+            f"{' or '.join(_SUFFIX[kind])}"
+        )
+    sha256 = entry["sha256"]
+    if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
+        problems.append(f"{where}: sha256 must be 64 lowercase hex digits")
+    pip_args = _str_list(entry["pip_args"], f"{where} pip_args", problems)
+    for arg in pip_args:
+        if arg in ("--dest", "-d", "--no-deps") or arg.startswith(("--dest=", "-d")):
+            problems.append(f"{where}: pip_args must not set {arg!r} (patchset sets it)")
+    env = entry["env"]
+    env_pairs: list[tuple[str, str]] = []
+    if not isinstance(env, dict):
+        problems.append(f"{where}: env must be a table of strings")
+    else:
+        for name, value in sorted(env.items()):
+            if not _ENV_NAME.fullmatch(name) or not isinstance(value, str):
+                problems.append(f"{where}: env {name!r} must map a variable name to a string")
+            else:
+                env_pairs.append((name, value))
+    top_dir = entry.get("top_dir")
+    if kind == "sdist" and (
+        not isinstance(top_dir, str) or not top_dir or "/" in top_dir or top_dir in (".", "..")
+    ):
+        problems.append(f"{where}: top_dir must be a single directory name")
+    differs = _str_list(
+        entry.get("differs_from_sdist", []), f"{where} differs_from_sdist", problems
+    )
+    build_only = _str_list(entry.get("build_only_py", []), f"{where} build_only_py", problems)
+    for rel in differs + build_only:
+        if rel.startswith("/") or ".." in rel.split("/"):
+            problems.append(f"{where}: {rel!r} must be a relative path inside the wheel")
+    if len(problems) > before:
+        return None
+    return Pin(
+        target=target,
+        kind=kind,  # type: ignore[arg-type]
+        requirement=requirement,
+        filename=filename,
+        sha256=sha256,
+        pip_args=tuple(pip_args),
+        env=tuple(env_pairs),
+        top_dir=top_dir,
+        differs_from_sdist=tuple(differs),
+        build_only_py=tuple(build_only),
+    )
+
+
+def _str_list(value: object, where: str, problems: list[str]) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        problems.append(f"{where}: must be a list of strings")
+        return []
+    return list(value)
+
+
+def find_root(start: Path | None = None) -> Path:
+    """The repository root: the nearest directory at or above ``start`` holding ``pins.toml``."""
+    here = (start or Path.cwd()).resolve()
+    for candidate in (here, *here.parents):
+        if (candidate / "pins.toml").is_file():
+            return candidate
+    raise PinError(
+        f"no pins.toml at or above {here}",
+        hint="run patchset inside a dcp-series checkout",
+    )
