@@ -10,12 +10,14 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .model import Patch
 from .pins import Pin
-from .wheel import BuiltWheel
+
+if TYPE_CHECKING:
+    from .wheel import BuiltWheel
 
 SCHEMA_VERSION = 1
 

@@ -517,6 +517,88 @@ def _record_form(raw_sha256: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(raw_sha256).rstrip(b"=").decode("ascii")
 
 
+# --------------------------------------------------------------------------- orchestration
+
+
+def wheel_from_series(
+    root: Path,
+    *,
+    tree: Path | None = None,
+    out_dir: Path | None = None,
+    offline: bool = False,
+    log: Callable[[str], None] = lambda _msg: None,
+) -> tuple[BuiltWheel, Path]:
+    """``patchset wheel``: apply the vllm series to ``tree``, verify, build, write the receipt.
+
+    ``tree`` defaults to ``build/vllm`` (unpacked from the pinned sdist when absent), ``out_dir``
+    to ``dist``. Native-source patches are refused before anything is applied. Older overlay
+    wheels in ``out_dir`` are removed once the new one is verified. Returns the wheel and the
+    receipt path.
+    """
+    from .apply import apply_series
+    from .errors import NothingToDo, TreeStateError
+    from .fetch import cache_dir, fetch_pin, pristine_tree, unpack_sdist
+    from .lockfile import load_lock
+    from .pins import load_pins
+    from .receipt import make_receipt, write_receipt
+    from .series import for_target, load_series
+    from .tree import Tree
+    from .verify import verify_tree
+
+    pins = load_pins(root / "pins.toml")
+    sdist_pin, wheel_pin = pins.get("vllm", "sdist"), pins.get("vllm", "wheel")
+    patches = for_target(load_series(root), "vllm")
+    refuse_native(patches)
+    lock = load_lock(root)
+    tree = (tree or root / "build" / "vllm").resolve()
+    out_dir = (out_dir or root / "dist").resolve()
+    if not tree.exists():
+        log(f"unpacking {sdist_pin.filename} into {tree}")
+        unpack_sdist("vllm", tree, root=root, offline=offline)
+    if patches:
+        try:
+            apply_series(
+                Tree(tree), patches, lock, target="vllm", base_pin=sdist_pin.sha256, log=log
+            )
+        except NothingToDo:
+            log(f"{tree}: the series is already applied")
+        state = verify_tree(Tree(tree), patches, lock)
+        missing = [p.name for p in patches if p.name not in state.applied_names]
+        if missing:
+            raise TreeStateError(
+                f"{tree}: {len(missing)} patch(es) of the series are not applied",
+                details=missing,
+                hint=f"patchset apply --tree {tree}",
+            )
+        log(f"verified {len(patches)} patch(es) on {tree}")
+    pristine = pristine_tree("vllm", root=root, offline=offline)
+    base_wheel = fetch_pin(wheel_pin, cache_dir(root), offline=offline).path
+    built = build_wheel(
+        base_wheel=base_wheel,
+        wheel_pin=wheel_pin,
+        pristine=pristine,
+        tree=tree,
+        patches=patches,
+        out_dir=out_dir,
+        log=log,
+    )
+    receipt = make_receipt(
+        built,
+        sdist_pin=sdist_pin,
+        wheel_pin=wheel_pin,
+        patches=patches,
+        series_digest=series_digest(patches),
+    )
+    receipt_path = out_dir / "receipt.json"
+    write_receipt(receipt, receipt_path)
+    dist = built.path.name.split("-", 1)[0]
+    for stale in sorted(out_dir.glob(f"{dist}-*+*{LABEL}.*.whl")):
+        if stale != built.path:
+            log(f"removing the older overlay wheel {stale.name}")
+            stale.unlink()
+    return built, receipt_path
+
+
 __all__ = [
     "BuiltWheel",
     "Overlay",
@@ -529,4 +611,5 @@ __all__ = [
     "refuse_native",
     "series_digest",
     "verify_wheel",
+    "wheel_from_series",
 ]

@@ -1,0 +1,101 @@
+"""pins.toml: the repository's pins load, and every malformed pin is reported at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from patchset.errors import PinError
+from patchset.pins import find_root, load_pins
+
+REPO = Path(__file__).resolve().parent.parent
+
+VALID = """\
+schema_version = 1
+
+[vllm.sdist]
+requirement = "vllm==0.26.0"
+filename = "vllm-0.26.0.tar.gz"
+sha256 = "{sha}"
+pip_args = ["--no-binary", "vllm"]
+top_dir = "vllm-0.26.0"
+
+[vllm.sdist.env]
+VLLM_TARGET_DEVICE = "empty"
+
+[vllm.wheel]
+requirement = "vllm==0.26.0"
+filename = "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+sha256 = "{sha}"
+pip_args = []
+differs_from_sdist = ["vllm/_version.py"]
+
+[vllm.wheel.env]
+"""
+
+
+def test_repository_pins_cover_every_base() -> None:
+    """The repository's pins.toml names the vLLM sdist and wheel and the b12x sdist."""
+    pins = load_pins(REPO / "pins.toml")
+    assert {p.key for p in pins} == {"vllm.sdist", "vllm.wheel", "b12x.sdist"}
+    sdist = pins.get("vllm", "sdist")
+    assert sdist.filename == "vllm-0.26.0.tar.gz"
+    assert sdist.top_dir == "vllm-0.26.0"
+    assert sdist.env_dict == {"VLLM_TARGET_DEVICE": "empty", "VLLM_VERSION_OVERRIDE": "0.26.0"}
+    assert pins.get("vllm", "wheel").differs_from_sdist == ("vllm/_version.py",)
+    assert pins.targets() == ("vllm", "b12x")
+
+
+def test_valid_pins_parse(tmp_path: Path) -> None:
+    """A well-formed file gives one frozen Pin per table with its fields."""
+    path = tmp_path / "pins.toml"
+    path.write_text(VALID.format(sha="a" * 64))
+    pins = load_pins(path)
+    wheel = pins.get("vllm", "wheel")
+    assert wheel.sha256 == "a" * 64 and wheel.pip_args == () and wheel.env == ()
+    with pytest.raises(PinError, match=r"no pin \[b12x.sdist\]"):
+        pins.get("b12x", "sdist")
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    """Bad sha256, missing keys, unknown keys and kinds, bad names each get a line."""
+    text = (
+        VALID.format(sha="A" * 64)
+        .replace('top_dir = "vllm-0.26.0"\n', "")
+        .replace('filename = "vllm-0.26.0-cp38', 'filename = "../vllm-0.26.0-cp38')
+        .replace("pip_args = []", 'pip_args = ["--dest", "/tmp"]\nsurprise = 1')
+    )
+    text += '\n[vllm.egg]\nrequirement = "x"\n'
+    path = tmp_path / "pins.toml"
+    path.write_text(text)
+    with pytest.raises(PinError) as err:
+        load_pins(path)
+    details = "\n".join(err.value.details)
+    assert "[vllm.sdist]: missing key 'top_dir'" in details
+    assert "[vllm.wheel]: unknown key 'surprise'" in details
+    assert "[vllm.egg]: unknown kind" in details
+    path.write_text(VALID.format(sha="A" * 64).replace("pip_args = []", 'pip_args = ["-d", "x"]'))
+    with pytest.raises(PinError) as err:
+        load_pins(path)
+    details = "\n".join(err.value.details)
+    assert details.count("sha256 must be 64 lowercase hex digits") == 2
+    assert "pip_args must not set '-d'" in details
+
+
+def test_not_toml_and_missing_file_are_pin_errors(tmp_path: Path) -> None:
+    """An unreadable pins.toml is a PinError naming the file, never a raw exception."""
+    with pytest.raises(PinError, match="not found"):
+        load_pins(tmp_path / "pins.toml")
+    (tmp_path / "pins.toml").write_text("[vllm\n")
+    with pytest.raises(PinError, match="not valid TOML"):
+        load_pins(tmp_path / "pins.toml")
+
+
+def test_find_root_walks_up_to_pins(tmp_path: Path) -> None:
+    """The root is the nearest directory at or above the start holding pins.toml."""
+    (tmp_path / "pins.toml").write_text("")
+    deep = tmp_path / "a" / "b"
+    deep.mkdir(parents=True)
+    assert find_root(deep) == tmp_path.resolve()
+    with pytest.raises(PinError):
+        find_root(Path("/"))
