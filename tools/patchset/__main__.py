@@ -1,0 +1,5 @@
+"""``python -m patchset``."""
+
+from patchset.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,399 @@
+"""Apply and unapply a target's series on a tree, all or nothing.
+
+Plan first, in memory: check every touched file against its preimage hash in the lock (all
+mismatches reported at once), apply every hunk with zero fuzz, check every postimage. Only then
+write: pristine backups, each file by temporary file + ``os.replace``, the state file last. If
+anything fails while writing, every file written so far is restored and a ``.patchset/`` that
+did not exist is removed, so the tree is byte-identical to before.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from patchset import gittree
+from patchset.diffparse import apply_file, reverse
+from patchset.errors import (
+    DriftError,
+    HashMismatch,
+    LockError,
+    NothingToDo,
+    PatchDoesNotApply,
+    PatchFormatError,
+    TreeStateError,
+)
+from patchset.hashing import sha256_bytes
+from patchset.lockfile import series_differences
+from patchset.model import AppliedPatch, Lock, Patch, PatchImages, TreeState
+from patchset.state import BASE_DIR, backup_path, read_state, state_dir, write_state
+from patchset.tree import Tree, file_mode
+from patchset.treelock import DEFAULT_TIMEOUT_S, tree_lock
+
+Log = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an apply or unapply did: the patches moved and the files written."""
+
+    patches: tuple[str, ...]
+    files_written: int
+    git_head: str | None
+
+
+def _sha(data: bytes | None) -> str | None:
+    return None if data is None else sha256_bytes(data)
+
+
+def _short(digest: str | None) -> str:
+    return digest[:12] if digest else "absent"
+
+
+def check_stack(state: TreeState | None, patches: tuple[Patch, ...], target: str) -> None:
+    """Refuse a tree whose applied stack is not a prefix of the target's current series."""
+    if state is None:
+        return
+    if state.target != target:
+        raise TreeStateError(
+            f"tree holds {state.target} patches, not {target}", hint=f"pass --target {state.target}"
+        )
+    names = [p.name for p in patches]
+    for index, applied in enumerate(state.applied):
+        if index >= len(names) or names[index] != applied.name:
+            raise TreeStateError(
+                f"applied patch {applied.name} is not number {index + 1} of the series any more",
+                hint="unapply with the series it was applied from, then apply again",
+            )
+        if patches[index].sha256 != applied.images.sha256:
+            raise TreeStateError(
+                f"applied patch {applied.name} changed on disk since it was applied",
+                hint="restore the patch file, or run patchset refresh if you edited the tree",
+            )
+
+
+def select_upto(patches: tuple[Patch, ...], upto: str | None) -> tuple[Patch, ...]:
+    """``patches`` up to and including ``upto`` (all when None)."""
+    if upto is None:
+        return patches
+    names = [p.name for p in patches]
+    if upto not in names:
+        raise PatchFormatError(
+            f"--upto {upto}: not a patch of this target's series",
+            hint="use a name exactly as written in series",
+        )
+    return patches[: names.index(upto) + 1]
+
+
+def _lock_entries(lock: Lock, patches: tuple[Patch, ...]) -> dict[str, PatchImages]:
+    stale = series_differences(
+        Lock(lock.pins, tuple(e for e in lock.patches if e.name in {p.name for p in patches}), {}),
+        patches,
+        dict(lock.pins),
+    )
+    if stale:
+        raise LockError(
+            "series.lock is stale for the patches to apply",
+            hint="run patchset lock (and commit series.lock)",
+            details=stale,
+        )
+    return {p.name: lock.entry(p.name) for p in patches}  # type: ignore[misc]
+
+
+def apply_series(
+    tree: Tree,
+    patches: tuple[Patch, ...],
+    lock: Lock,
+    *,
+    target: str,
+    upto: str | None = None,
+    base_pin: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    log: Log = _quiet,
+) -> Outcome:
+    """Apply the target's ``patches`` (series order) not yet applied, up to ``upto``."""
+    selected = select_upto(patches, upto)
+    with tree_lock(tree.root, timeout):
+        state = read_state(tree.root)
+        check_stack(state, patches, target)
+        applied = state.applied if state else ()
+        todo = selected[len(applied) :]
+        if not todo:
+            where = f"up to {upto}" if upto else f"all {len(patches)}"
+            raise NothingToDo(
+                f"{tree.root}: {where} patch(es) of {target} already applied "
+                f"({len(applied)} applied)",
+                hint="patchset verify checks them; patchset unapply --upto goes back",
+            )
+        entries = _lock_entries(lock, todo)
+        head = gittree.head_commit(tree.root)
+        if head:
+            log(f"{tree.root} is a git checkout at {head}")
+        backups = dict(state.backups) if state else {}
+        owned = set(state.expected()) if state else set()
+
+        touched: dict[str, tuple[str | None, str]] = {}
+        refusals: list[str] = []
+        for patch in todo:
+            for image in entries[patch.name].files:
+                if image.path not in touched:
+                    touched[image.path] = (image.pre, patch.name)
+                    reason = tree.symlink_problem(image.path)
+                    if reason:
+                        refusals.append(f"{patch.name}: {reason}")
+        if refusals:
+            raise PatchFormatError(
+                "patch reaches outside the tree", hint="remove the symlink", details=refusals
+            )
+        originals = {path: tree.read(path) for path in touched}
+        mismatches = [
+            f"{path}: expected {_short(pre)}, found {_short(_sha(originals[path]))} "
+            f"(preimage of {name})"
+            for path, (pre, name) in touched.items()
+            if _sha(originals[path]) != pre
+        ]
+        if mismatches:
+            raise HashMismatch(
+                f"{len(mismatches)} file(s) differ from the preimages in series.lock; "
+                "nothing was changed",
+                hint="the tree is not the pinned base (or was edited): start from a fresh tree",
+                details=mismatches,
+            )
+        dirty = gittree.dirty_paths(tree.root, [p for p in touched if p not in owned])
+        if dirty:
+            raise TreeStateError(
+                f"{len(dirty)} touched file(s) are dirty in the git checkout; nothing was changed",
+                hint="commit or stash them (git status), then apply again",
+                details=dirty,
+            )
+
+        contents = dict(originals)
+        first = len(applied)
+        total = len(patches)
+        for offset, patch in enumerate(todo):
+            log(f"Applying {patch.name} ({first + offset + 1}/{total})")
+            images = entries[patch.name]
+            for fp in patch.files:
+                try:
+                    post = apply_file(contents[fp.path], fp)
+                except PatchDoesNotApply as exc:
+                    raise PatchDoesNotApply(
+                        f"{patch.name} does not apply: {exc.message}; nothing was changed",
+                        hint="the lock's preimages matched, so the patch itself is broken",
+                    ) from None
+                expected = images.image(fp.path)
+                got = _sha(post)
+                if expected is None or got != expected.post:
+                    raise HashMismatch(
+                        f"{patch.name}: {fp.path}: postimage {_short(got)} is not the lock's "
+                        f"{_short(expected.post if expected else None)}; nothing was changed",
+                        hint="run patchset lock --check",
+                    )
+                contents[fp.path] = post
+
+        new_applied = list(applied)
+        for patch in todo:
+            new_applied.append(AppliedPatch(entries[patch.name]))
+        mode_of = {fp.path: fp.mode for patch in todo for fp in patch.files}
+        writer = _Writer(tree)
+        try:
+            for path, data in originals.items():
+                if path not in backups:
+                    writer.backup(path, data)
+                    backups[path] = _sha(data)
+            created: dict[str, list[str]] = {}
+            for path, data in contents.items():
+                if data == originals[path]:
+                    continue
+                if data is None:
+                    writer.remove(path, originals[path])
+                    continue
+                owner = next(p.name for p in todo if path in p.paths)
+                created.setdefault(owner, []).extend(writer.make_parents(path))
+                keep = tree.mode(path)
+                writer.write(path, data, keep if keep is not None else file_mode(mode_of[path]))
+            for index, item in enumerate(new_applied):
+                dirs = created.get(item.name)
+                if dirs:
+                    new_applied[index] = replace(item, created_dirs=tuple(dirs))
+            gittree.exclude_state_dir(tree.root)
+            new_state = TreeState(
+                target,
+                state.base_pin if state else base_pin,
+                state.git_head if state else head,
+                tuple(new_applied),
+                backups,
+            )
+            write_state(tree.root, new_state)
+        except BaseException:
+            writer.rollback()
+            raise
+        log(f"Applied {len(todo)} patch(es) to {tree.root}: {writer.count} file(s) written")
+        return Outcome(tuple(p.name for p in todo), writer.count, head)
+
+
+class _Writer:
+    """Writes into a tree and remembers how to undo every write (for all-or-nothing)."""
+
+    def __init__(self, tree: Tree):
+        self.tree = tree
+        self.had_state = state_dir(tree.root).exists()
+        self.undo: list[Callable[[], None]] = []
+        self.count = 0
+
+    def backup(self, path: str, data: bytes | None) -> None:
+        if data is None:
+            return
+        target = backup_path(self.tree.root, path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        self.undo.append(lambda: target.unlink(missing_ok=True))
+
+    def make_parents(self, path: str) -> list[str]:
+        dirs = self.tree.make_parents(path)
+        if dirs:
+            self.undo.append(lambda: self.tree.remove_empty_dirs(dirs))
+        return dirs
+
+    def write(self, path: str, data: bytes, mode: int) -> None:
+        self._remember(path)
+        self.tree.write(path, data, mode)
+        self.count += 1
+
+    def remove(self, path: str, original: bytes | None) -> None:
+        self._remember(path)
+        self.tree.remove(path)
+        self.count += 1
+
+    def _remember(self, path: str) -> None:
+        before = self.tree.read(path)
+        mode = self.tree.mode(path)
+
+        def restore() -> None:
+            if before is None:
+                self.tree.remove(path)
+            else:
+                self.tree.write(path, before, mode if mode is not None else 0o644)
+
+        self.undo.append(restore)
+
+    def rollback(self) -> None:
+        for action in reversed(self.undo):
+            action()
+        if not self.had_state:
+            shutil.rmtree(state_dir(self.tree.root), ignore_errors=True)
+
+
+def unapply_series(
+    tree: Tree,
+    patches: tuple[Patch, ...],
+    *,
+    target: str,
+    upto: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    log: Log = _quiet,
+) -> Outcome:
+    """Unapply, newest first, every applied patch above ``upto`` (all when None).
+
+    Each touched file must hold its recorded postimage first (else DriftError), and after the
+    reversal each file must hash to its recorded preimage (else HashMismatch).
+    """
+    with tree_lock(tree.root, timeout):
+        state = read_state(tree.root)
+        if state is None:
+            raise NothingToDo(f"{tree.root}: no patch is applied", hint="patchset apply")
+        check_stack(state, patches, target)
+        keep = len(state.applied)
+        if upto is not None:
+            names = list(state.applied_names)
+            if upto not in names:
+                raise NothingToDo(
+                    f"--upto {upto}: not applied to {tree.root}",
+                    hint="patchset status lists what is applied",
+                )
+            keep = names.index(upto) + 1
+        else:
+            keep = 0
+        removing = state.applied[keep:]
+        if not removing:
+            raise NothingToDo(f"{tree.root}: nothing above {upto} is applied")
+        by_name = {p.name: p for p in patches}
+        expected = state.expected()
+        touched = list(dict.fromkeys(i.path for a in removing for i in a.images.files))
+        current = {path: tree.read(path) for path in touched}
+        drift = [
+            f"{path}: expected {_short(expected[path][0])}, found {_short(_sha(current[path]))} "
+            f"(postimage of {expected[path][1]})"
+            for path in touched
+            if _sha(current[path]) != expected[path][0]
+        ]
+        if drift:
+            raise DriftError(
+                f"{len(drift)} file(s) drifted from their postimages; nothing was changed",
+                hint="restore them, or record the edits with patchset refresh",
+                details=drift,
+            )
+        contents = dict(current)
+        total = len(state.applied)
+        for index in range(len(state.applied) - 1, keep - 1, -1):
+            applied = state.applied[index]
+            patch = by_name[applied.name]
+            log(f"Unapplying {patch.name} ({index + 1}/{total})")
+            for fp in reversed(patch.files):
+                try:
+                    pre = apply_file(contents[fp.path], reverse(fp))
+                except PatchDoesNotApply as exc:
+                    raise PatchDoesNotApply(
+                        f"{patch.name} does not reverse: {exc.message}; nothing was changed"
+                    ) from None
+                image = applied.images.image(fp.path)
+                if image is None or _sha(pre) != image.pre:
+                    raise HashMismatch(
+                        f"{patch.name}: {fp.path}: reversed to {_short(_sha(pre))}, not the "
+                        f"recorded preimage {_short(image.pre if image else None)}; "
+                        "nothing was changed"
+                    )
+                contents[fp.path] = pre
+        remaining = state.applied[:keep]
+        still = {i.path for a in remaining for i in a.images.files}
+        writer = _Writer(tree)
+        try:
+            for path, data in contents.items():
+                if data == current[path]:
+                    continue
+                if data is None:
+                    writer.remove(path, current[path])
+                else:
+                    writer.make_parents(path)
+                    mode = tree.mode(path)
+                    fallback = next(
+                        i.mode for a in removing for i in a.images.files if i.path == path
+                    )
+                    writer.write(path, data, mode if mode is not None else file_mode(fallback))
+            tree.remove_empty_dirs([d for a in removing for d in a.created_dirs])
+            if not remaining:
+                shutil.rmtree(state_dir(tree.root))
+            else:
+                backups = {p: s for p, s in state.backups.items() if p in still}
+                write_state(tree.root, replace(state, applied=remaining, backups=backups))
+                for path in set(state.backups) - still:
+                    backup_path(tree.root, path).unlink(missing_ok=True)
+                tree.remove_empty_dirs(_backup_dirs(tree.root))
+        except BaseException:
+            writer.rollback()
+            raise
+        log(f"Unapplied {len(removing)} patch(es) from {tree.root}: {writer.count} file(s) written")
+        return Outcome(tuple(a.name for a in reversed(removing)), writer.count, state.git_head)
+
+
+def _backup_dirs(root: Path) -> list[str]:
+    base = state_dir(root) / BASE_DIR
+    if not base.exists():
+        return []
+    return [p.relative_to(root).as_posix() for p in base.rglob("*") if p.is_dir()]

@@ -1,0 +1,308 @@
+"""The ``patchset`` command line: one small adapter per command; the only place that prints.
+
+Exit codes: 0 ok, 1 error or drift, 2 nothing to do. Errors print ``patchset: error: <what>``,
+one indented line per detail, then ``hint: <next step>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from patchset import __version__
+from patchset.apply import apply_series, unapply_series
+from patchset.errors import LockError, NothingToDo, PatchsetError, TreeStateError
+from patchset.lockfile import (
+    BaseReader,
+    compute_lock,
+    load_lock,
+    lock_differences,
+    pin_digests,
+    series_differences,
+    write_lock,
+)
+from patchset.model import TARGETS, Lock, Patch
+from patchset.refresh import preimages, refresh_patch, write_file_atomic
+from patchset.series import for_target, load_series
+from patchset.state import read_state
+from patchset.tree import Tree
+from patchset.treelock import DEFAULT_TIMEOUT_S
+from patchset.verify import tree_status, verify_tree
+
+
+def _info(message: str) -> None:
+    print(message, flush=True)
+
+
+def find_repo(start: Path) -> Path:
+    """The nearest directory at or above ``start`` holding a ``series`` file."""
+    for candidate in (start, *start.parents):
+        if (candidate / "series").is_file():
+            return candidate
+    raise PatchsetError(
+        f"no series file at or above {start}", hint="run inside a dcp-series checkout or pass -C"
+    )
+
+
+def _target(args: argparse.Namespace, patch: str | None = None) -> str:
+    if args.target:
+        return args.target
+    if patch:
+        return patch.split("/", 1)[0]
+    return "vllm"
+
+
+def _tree(args: argparse.Namespace, repo: Path, target: str) -> Tree:
+    root = Path(args.tree) if args.tree else repo / "build" / target
+    return Tree(root.resolve())
+
+
+def _existing_tree(tree: Tree) -> Tree:
+    if not tree.root.is_dir():
+        raise TreeStateError(f"{tree.root}: no such tree", hint="patchset apply --tree DIR")
+    return tree
+
+
+def _create_tree(tree: Tree, repo: Path, target: str) -> None:
+    try:
+        from patchset.fetch import unpack_sdist
+    except ImportError as exc:
+        raise TreeStateError(
+            f"{tree.root} does not exist and patchset cannot unpack the pinned sdist ({exc})",
+            hint="pass --tree with an unpacked tree of the pinned release",
+        ) from exc
+    _info(f"Unpacking the pinned {target} sdist into {tree.root}")
+    unpack_sdist(target, tree.root, root=repo)
+
+
+def _base_pin(repo: Path, target: str) -> str | None:
+    return pin_digests(repo).get(f"{target}.sdist")
+
+
+def cmd_apply(args: argparse.Namespace, repo: Path) -> int:
+    target = _target(args, args.upto)
+    patches = for_target(load_series(repo), target)
+    lock = load_lock(repo)
+    tree = _tree(args, repo, target)
+    if not tree.root.exists():
+        _create_tree(tree, repo, target)
+    outcome = apply_series(
+        tree,
+        patches,
+        lock,
+        target=target,
+        upto=args.upto,
+        base_pin=_base_pin(repo, target),
+        timeout=args.wait,
+        log=_info,
+    )
+    if outcome.git_head:
+        _info(f"git checkout at {outcome.git_head}")
+    return 0
+
+
+def cmd_unapply(args: argparse.Namespace, repo: Path) -> int:
+    target = _target(args, args.upto)
+    tree = _existing_tree(_tree(args, repo, target))
+    state = read_state(tree.root)
+    if state and not args.target and not args.upto:
+        target = state.target
+    patches = for_target(load_series(repo), target)
+    unapply_series(tree, patches, target=target, upto=args.upto, timeout=args.wait, log=_info)
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace, repo: Path) -> int:
+    target = _target(args)
+    tree = _existing_tree(_tree(args, repo, target))
+    state = verify_tree(tree, for_target(load_series(repo), target), load_lock(repo))
+    files = len(state.expected())
+    _info(f"OK: {len(state.applied)} patch(es), {files} touched file(s) match in {tree.root}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, repo: Path) -> int:
+    target = _target(args)
+    tree = _existing_tree(_tree(args, repo, target))
+    rows = tree_status(tree, for_target(load_series(repo), target))
+    if args.json:
+        _info(
+            json.dumps(
+                {"tree": str(tree.root), "target": target, "patches": dict(rows)},
+                indent=2,
+                sort_keys=True,
+            )
+        )
+    else:
+        for name, status in rows:
+            _info(f"{status:<12} {name}")
+    return 1 if any(status == "drifted" for _, status in rows) else 0
+
+
+def cmd_refresh(args: argparse.Namespace, repo: Path) -> int:
+    target = _target(args, args.patch)
+    series = load_series(repo)
+    patches = for_target(series, target)
+    if args.patch not in {p.name for p in patches}:
+        raise PatchsetError(f"{args.patch}: not in series", hint="name it as series lists it")
+    tree = _existing_tree(_tree(args, repo, target))
+    patch_path = repo / "patches" / args.patch
+    result = refresh_patch(
+        tree,
+        patches,
+        args.patch,
+        write_patch=lambda data: write_file_atomic(patch_path, data),
+        timeout=args.wait,
+    )
+    if not result.changed:
+        _info(f"{args.patch}: unchanged")
+    else:
+        _info(f"Refreshed {args.patch} ({len(result.images.files)} file(s))")
+    state = read_state(tree.root)
+    assert state is not None  # refresh_patch succeeded, so the state exists
+    series = load_series(repo)
+    bases = _bases(
+        args,
+        repo,
+        series,
+        tree_view={target: preimages(tree, state, {p.name: p for p in series}, 0)},
+    )
+    _write_lock(repo, series, bases)
+    return 0 if result.changed else 2
+
+
+def _dir_reader(root: Path) -> BaseReader:
+    tree = Tree(root.resolve())
+
+    def read(path: str) -> bytes | None:
+        problem = tree.symlink_problem(path)
+        if problem:
+            raise PatchsetError(f"base tree {root}: {problem}")
+        return tree.read(path)
+
+    return read
+
+
+def _bases(
+    args: argparse.Namespace,
+    repo: Path,
+    patches: tuple[Patch, ...],
+    tree_view: dict[str, BaseReader] | None = None,
+) -> dict[str, BaseReader]:
+    given: dict[str, Path] = {}
+    for spec in getattr(args, "base", None) or []:
+        target, sep, directory = spec.rpartition("=")
+        given[target if sep else "vllm"] = Path(directory)
+    readers: dict[str, BaseReader] = {}
+    for target in dict.fromkeys(p.target for p in patches):
+        if target in given:
+            readers[target] = _dir_reader(given[target])
+        elif tree_view and target in tree_view:
+            readers[target] = tree_view[target]
+        else:
+            try:
+                from patchset.fetch import pristine_tree
+            except ImportError as exc:
+                raise LockError(
+                    f"no base tree for {target} ({exc})", hint=f"pass --base {target}=DIR"
+                ) from exc
+            readers[target] = _dir_reader(pristine_tree(target, root=repo))
+    return readers
+
+
+def _write_lock(repo: Path, patches: tuple[Patch, ...], bases: dict[str, BaseReader]) -> Lock:
+    computed = compute_lock(patches, bases, pin_digests(repo))
+    for warning in computed.warnings:
+        _info(f"warning: {warning}")
+    changed = write_lock(repo, computed.lock)
+    _info(f"{'Wrote' if changed else 'Unchanged'} series.lock ({len(patches)} patch(es))")
+    return computed.lock
+
+
+def cmd_lock(args: argparse.Namespace, repo: Path) -> int:
+    patches = load_series(repo)
+    if not args.check:
+        _write_lock(repo, patches, _bases(args, repo, patches))
+        return 0
+    lock = load_lock(repo)
+    stale = series_differences(lock, patches, pin_digests(repo))
+    if not stale:
+        computed = compute_lock(patches, _bases(args, repo, patches), pin_digests(repo))
+        stale = lock_differences(lock, computed.lock)
+    if stale:
+        raise LockError(
+            f"series.lock is stale: {len(stale)} difference(s)",
+            hint="run patchset lock and commit series.lock",
+            details=stale,
+        )
+    _info(f"series.lock is current ({len(patches)} patch(es))")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="patchset", description="Apply, verify and lock the dcp-series patch series."
+    )
+    parser.add_argument("--version", action="version", version=f"patchset {__version__}")
+    parser.add_argument("-C", dest="repo", help="the dcp-series checkout (default: search up)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def tree_args(p: argparse.ArgumentParser, wait: bool = True) -> None:
+        p.add_argument("--tree", help="the target tree (default: build/<target>)")
+        p.add_argument("--target", choices=TARGETS, help="default: vllm, or the patch's target")
+        if wait:
+            p.add_argument(
+                "--wait", type=float, default=DEFAULT_TIMEOUT_S, help="seconds to wait for the tree"
+            )
+
+    p = sub.add_parser("apply", help="apply the series (all or nothing)")
+    tree_args(p)
+    p.add_argument("--upto", help="stop after this patch")
+    p.set_defaults(func=cmd_apply)
+    p = sub.add_parser("unapply", help="unapply, newest first")
+    tree_args(p)
+    p.add_argument("--upto", help="keep this patch (and those below) applied")
+    p.set_defaults(func=cmd_unapply)
+    p = sub.add_parser("verify", help="check every touched file against its postimage")
+    tree_args(p, wait=False)
+    p.set_defaults(func=cmd_verify)
+    p = sub.add_parser("status", help="per patch: applied / not applied / drifted")
+    tree_args(p, wait=False)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+    p = sub.add_parser("refresh", help="rewrite a patch's diff from the tree, update the lock")
+    tree_args(p)
+    p.add_argument("patch")
+    p.add_argument("--base", action="append", help="TARGET=DIR base tree for the lock")
+    p.set_defaults(func=cmd_refresh)
+    p = sub.add_parser("lock", help="regenerate series.lock (or --check it)")
+    p.add_argument("--check", action="store_true", help="exit 1 if series.lock is stale")
+    p.add_argument("--base", action="append", help="TARGET=DIR pristine base (default: fetch)")
+    p.set_defaults(func=cmd_lock)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        repo = Path(args.repo).resolve() if args.repo else find_repo(Path.cwd().resolve())
+        return int(args.func(args, repo))
+    except NothingToDo as exc:
+        print(f"patchset: nothing to do: {exc.message}")
+        if exc.hint:
+            print(f"hint: {exc.hint}")
+        return exc.exit_code
+    except PatchsetError as exc:
+        print(f"patchset: error: {exc.message}", file=sys.stderr)
+        for line in exc.details:
+            print(f"  {line}", file=sys.stderr)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,228 @@
+"""``series.lock``: what every patch does to every file it touches, by hash.
+
+Computed by applying the series in memory to the pristine base of each target (only touched
+files are read). Canonical JSON (sorted keys, 2-space indent, trailing newline)::
+
+    {"schema_version": 1,
+     "pins": {"vllm.sdist": "<sha256>", ...},          # from pins.toml, {} without it
+     "patches": [{"name": "vllm/0001-x.patch", "sha256": "...",
+                  "files": [{"path": "...", "op": "modify|add|delete",
+                             "pre": "<sha256>|null", "post": "<sha256>|null",
+                             "mode": "100644|100755"}]}],
+     "final": {"vllm": {"<path>": {"sha256": "<sha256>|null", "mode": "100644"}}}}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from patchset.diffparse import apply_file
+from patchset.errors import LockError, PatchDoesNotApply
+from patchset.hashing import git_blob_id, sha256_bytes
+from patchset.model import FileImage, FinalImage, Lock, Patch, PatchImages
+from patchset.state import canonical_json, images_from_json, images_to_json
+
+SCHEMA_VERSION = 1
+LOCK_FILE = "series.lock"
+
+BaseReader = Callable[[str], bytes | None]
+"""Reads one path of a target's pristine base: its bytes, or None when it does not exist."""
+
+
+@dataclass(frozen=True)
+class Computed:
+    """A freshly computed lock, plus warnings (index blob ids that disagree with the images)."""
+
+    lock: Lock
+    warnings: tuple[str, ...]
+
+
+def pin_digests(repo: Path) -> dict[str, str]:
+    """``{"<target>.<kind>": sha256}`` from ``pins.toml``; empty when there is none."""
+    if not (repo / "pins.toml").is_file():
+        return {}
+    from patchset.pins import load_pins
+
+    return {pin.key: pin.sha256 for pin in load_pins(repo / "pins.toml")}
+
+
+def compute_lock(
+    patches: tuple[Patch, ...], bases: dict[str, BaseReader], pins: dict[str, str]
+) -> Computed:
+    """Apply ``patches`` in memory to ``bases`` (one reader per target) and record every image."""
+    contents: dict[str, dict[str, bytes | None]] = {}
+    modes: dict[str, dict[str, str]] = {}
+    entries: list[PatchImages] = []
+    warnings: list[str] = []
+    for patch in patches:
+        current = contents.setdefault(patch.target, {})
+        target_modes = modes.setdefault(patch.target, {})
+        images = []
+        for fp in patch.files:
+            if fp.path not in current:
+                current[fp.path] = bases[patch.target](fp.path)
+            pre = current[fp.path]
+            try:
+                post = apply_file(pre, fp)
+            except PatchDoesNotApply as exc:
+                raise PatchDoesNotApply(
+                    f"{patch.name} does not apply to the series so far: {exc.message}",
+                    hint="refresh the patch against the tree the series before it produces",
+                ) from None
+            for side, data, blob in (("pre", pre, fp.old_blob), ("post", post, fp.new_blob)):
+                if data is not None and git_blob_id(data) != blob:
+                    warnings.append(
+                        f"{patch.name}: {fp.path}: index line {side} blob {blob[:12]} is not "
+                        f"the {side}image's {git_blob_id(data)[:12]} (run patchset refresh)"
+                    )
+            current[fp.path] = post
+            target_modes[fp.path] = fp.mode
+            images.append(
+                FileImage(
+                    fp.path,
+                    fp.op,
+                    None if pre is None else sha256_bytes(pre),
+                    None if post is None else sha256_bytes(post),
+                    fp.mode,
+                )
+            )
+        entries.append(PatchImages(patch.name, patch.sha256, tuple(images)))
+    final = {
+        target: {
+            path: FinalImage(None if data is None else sha256_bytes(data), modes[target][path])
+            for path, data in files.items()
+        }
+        for target, files in contents.items()
+    }
+    return Computed(Lock(dict(pins), tuple(entries), final), tuple(warnings))
+
+
+def lock_to_json(lock: Lock) -> str:
+    return canonical_json(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "pins": lock.pins,
+            "patches": [images_to_json(entry) for entry in lock.patches],
+            "final": {
+                target: {
+                    path: {"sha256": image.sha256, "mode": image.mode}
+                    for path, image in files.items()
+                }
+                for target, files in lock.final.items()
+            },
+        }
+    )
+
+
+def lock_from_json(text: str, where: str = LOCK_FILE) -> Lock:
+    try:
+        raw = json.loads(text)
+        if raw.get("schema_version") != SCHEMA_VERSION:
+            raise LockError(f"{where}: schema_version {raw.get('schema_version')!r}, want 1")
+        final = {
+            target: {p: FinalImage(v["sha256"], v["mode"]) for p, v in files.items()}
+            for target, files in raw["final"].items()
+        }
+        patches = tuple(images_from_json(entry) for entry in raw["patches"])
+        return Lock(dict(raw["pins"]), patches, final)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise LockError(f"{where}: malformed ({exc})", hint="run patchset lock") from exc
+
+
+def load_lock(repo: Path) -> Lock:
+    path = repo / LOCK_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise LockError(f"no {LOCK_FILE} in {repo}", hint="run patchset lock") from None
+    return lock_from_json(text, str(path))
+
+
+def write_lock(repo: Path, lock: Lock) -> bool:
+    """Write ``series.lock``; return whether its bytes changed."""
+    path = repo / LOCK_FILE
+    text = lock_to_json(lock)
+    if path.is_file() and path.read_text(encoding="utf-8") == text:
+        return False
+    tmp = path.with_name(LOCK_FILE + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    return True
+
+
+def series_differences(lock: Lock, patches: tuple[Patch, ...], pins: dict[str, str]) -> list[str]:
+    """How ``lock`` disagrees with the series files and pins (cheap: no base tree needed)."""
+    out = [
+        f"pin {key}: lock has {lock.pins.get(key)}, pins.toml has {pins.get(key)}"
+        for key in sorted(set(lock.pins) | set(pins))
+        if lock.pins.get(key) != pins.get(key)
+    ]
+    names = [p.name for p in patches]
+    locked = [e.name for e in lock.patches]
+    for name in names:
+        if name not in locked:
+            out.append(f"{name}: in series, not in lock")
+    for name in locked:
+        if name not in names:
+            out.append(f"{name}: in lock, not in series")
+    if not out and names != locked:
+        out.append("series order differs from the lock's order")
+    for patch in patches:
+        entry = lock.entry(patch.name)
+        if entry is not None and entry.sha256 != patch.sha256:
+            out.append(
+                f"{patch.name}: patch sha256 {patch.sha256[:12]} differs from the lock's "
+                f"{entry.sha256[:12]}"
+            )
+    return out
+
+
+def lock_differences(old: Lock, new: Lock) -> list[str]:
+    """Every difference between two locks, one line each, naming patch and file."""
+    out: list[str] = []
+    for key in sorted(set(old.pins) | set(new.pins)):
+        if old.pins.get(key) != new.pins.get(key):
+            out.append(f"pin {key}: {old.pins.get(key)} -> {new.pins.get(key)}")
+    old_names = [e.name for e in old.patches]
+    new_names = [e.name for e in new.patches]
+    for name in new_names:
+        if name not in old_names:
+            out.append(f"{name}: not in lock")
+    for name in old_names:
+        if name not in new_names:
+            out.append(f"{name}: in lock but not in series")
+    if [n for n in old_names if n in new_names] != [n for n in new_names if n in old_names]:
+        out.append("patch order differs")
+    for entry in new.patches:
+        before = old.entry(entry.name)
+        if before is None:
+            continue
+        if before.sha256 != entry.sha256:
+            out.append(f"{entry.name}: sha256 {before.sha256[:12]} -> {entry.sha256[:12]}")
+        paths = dict.fromkeys([f.path for f in before.files] + [f.path for f in entry.files])
+        for path in paths:
+            a, b = before.image(path), entry.image(path)
+            if a != b:
+                out.append(f"{entry.name}: {path}: {_image_text(a)} -> {_image_text(b)}")
+    for target in sorted(set(old.final) | set(new.final)):
+        a_files, b_files = old.final.get(target, {}), new.final.get(target, {})
+        for path in sorted(set(a_files) | set(b_files)):
+            if a_files.get(path) != b_files.get(path):
+                out.append(f"final {target}/{path}: {a_files.get(path)} -> {b_files.get(path)}")
+    return out
+
+
+def _image_text(image: FileImage | None) -> str:
+    if image is None:
+        return "untouched"
+    pre = image.pre[:12] if image.pre else "absent"
+    post = image.post[:12] if image.post else "absent"
+    return f"{image.op} {pre}..{post} {image.mode}"
+
+
+def lock_json_dict(lock: Lock) -> dict[str, Any]:
+    return json.loads(lock_to_json(lock))

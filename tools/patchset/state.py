@@ -1,0 +1,118 @@
+"""The in-tree state: ``.patchset/`` at the tree root, like quilt's ``.pc/``.
+
+``state.json`` (canonical JSON, schema_version 1) records the target, the base pin, the git
+commit if the tree is a checkout, the applied stack (patch name, patch sha256, per touched file
+op/pre/post/mode, directories created) and the sha256 of every pristine file kept under
+``.patchset/base/<path>`` (the preimage before the first applied patch touched it). The
+directory exists only while at least one patch is applied.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from patchset.errors import TreeStateError
+from patchset.model import AppliedPatch, FileImage, PatchImages, TreeState
+
+STATE_DIR = ".patchset"
+STATE_FILE = "state.json"
+BASE_DIR = "base"
+SCHEMA_VERSION = 1
+
+
+def state_dir(root: Path) -> Path:
+    return root / STATE_DIR
+
+
+def backup_path(root: Path, rel: str) -> Path:
+    """Where the pristine bytes of ``rel`` are kept while patches are applied."""
+    return root / STATE_DIR / BASE_DIR / rel
+
+
+def canonical_json(data: Any) -> str:
+    """Sorted keys, 2-space indent, trailing newline: the form every JSON file of patchset has."""
+    return json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+
+
+def images_to_json(images: PatchImages) -> dict[str, Any]:
+    return {
+        "name": images.name,
+        "sha256": images.sha256,
+        "files": [
+            {"path": f.path, "op": f.op, "pre": f.pre, "post": f.post, "mode": f.mode}
+            for f in images.files
+        ],
+    }
+
+
+def images_from_json(raw: dict[str, Any]) -> PatchImages:
+    files = tuple(
+        FileImage(f["path"], f["op"], f["pre"], f["post"], f["mode"]) for f in raw["files"]
+    )
+    return PatchImages(raw["name"], raw["sha256"], files)
+
+
+def state_to_json(state: TreeState) -> str:
+    return canonical_json(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "target": state.target,
+            "base_pin": state.base_pin,
+            "git_head": state.git_head,
+            "applied": [
+                images_to_json(a.images) | {"created_dirs": list(a.created_dirs)}
+                for a in state.applied
+            ],
+            "backups": dict(sorted(state.backups.items())),
+        }
+    )
+
+
+def state_from_json(text: str, where: Path) -> TreeState:
+    try:
+        raw = json.loads(text)
+        if raw.get("schema_version") != SCHEMA_VERSION:
+            raise TreeStateError(
+                f"{where}: schema_version {raw.get('schema_version')!r}, "
+                f"this patchset reads {SCHEMA_VERSION}"
+            )
+        applied = tuple(
+            AppliedPatch(images_from_json(a), tuple(a.get("created_dirs", ())))
+            for a in raw["applied"]
+        )
+        return TreeState(raw["target"], raw["base_pin"], raw["git_head"], applied, raw["backups"])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise TreeStateError(
+            f"{where}: malformed state ({exc})",
+            hint="restore the tree from its base; the state cannot be trusted",
+        ) from exc
+
+
+def read_state(root: Path) -> TreeState | None:
+    """The tree's state, or None when no patch is applied (no ``.patchset/state.json``)."""
+    path = state_dir(root) / STATE_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if state_dir(root).exists():
+            raise TreeStateError(
+                f"{state_dir(root)} exists without {STATE_FILE}",
+                hint="an interrupted run? restore the tree from its base",
+            ) from None
+        return None
+    return state_from_json(text, path)
+
+
+def write_state(root: Path, state: TreeState) -> None:
+    """Write ``state.json`` atomically (temporary file + ``os.replace``)."""
+    path = state_dir(root) / STATE_FILE
+    tmp = path.with_name(STATE_FILE + ".tmp")
+    try:
+        tmp.write_text(state_to_json(state), encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -1,0 +1,102 @@
+"""Reading and writing the files of a target tree, one relative path at a time.
+
+Only the paths a series touches are ever read or hashed. Every write goes to a temporary file
+in the same directory and is moved into place with ``os.replace``; a path that reaches through a
+symlink present in the tree is refused before anything is read.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from patchset.errors import TreeStateError
+
+_TMP_SUFFIX = ".patchset-tmp"
+
+
+class Tree:
+    """A target tree rooted at ``root`` (paths are POSIX, relative, already validated)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel
+
+    def symlink_problem(self, rel: str) -> str | None:
+        """Why ``rel`` cannot be touched because the tree has a symlink on its way, or None."""
+        current = self.root
+        for part in rel.split("/"):
+            current = current / part
+            try:
+                info = os.lstat(current)
+            except FileNotFoundError:
+                return None
+            if stat.S_ISLNK(info.st_mode):
+                where = current.relative_to(self.root).as_posix()
+                return f"path {rel!r} goes through symlink {where!r} in the tree"
+        return None
+
+    def read(self, rel: str) -> bytes | None:
+        """The bytes of ``rel``, or None when it does not exist."""
+        try:
+            with open(self.path(rel), "rb") as fh:
+                return fh.read()
+        except FileNotFoundError:
+            return None
+        except IsADirectoryError:
+            raise TreeStateError(
+                f"{self.path(rel)}: is a directory, the series wants a file"
+            ) from None
+
+    def mode(self, rel: str) -> int | None:
+        """The permission bits of ``rel``, or None when it does not exist."""
+        try:
+            return stat.S_IMODE(os.lstat(self.path(rel)).st_mode)
+        except FileNotFoundError:
+            return None
+
+    def write(self, rel: str, data: bytes, mode: int) -> None:
+        """Replace ``rel`` with ``data`` and permission bits ``mode`` atomically."""
+        target = self.path(rel)
+        tmp = target.with_name(f".{target.name}{_TMP_SUFFIX}")
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+            os.chmod(tmp, mode)
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def remove(self, rel: str) -> None:
+        """Delete ``rel`` if it exists."""
+        self.path(rel).unlink(missing_ok=True)
+
+    def make_parents(self, rel: str) -> list[str]:
+        """Create the missing parent directories of ``rel``; return them, outermost first."""
+        missing: list[Path] = []
+        parent = self.path(rel).parent
+        while not parent.exists():
+            missing.append(parent)
+            parent = parent.parent
+        created = []
+        for directory in reversed(missing):
+            directory.mkdir()
+            created.append(directory.relative_to(self.root).as_posix())
+        return created
+
+    def remove_empty_dirs(self, dirs: list[str] | tuple[str, ...]) -> None:
+        """Remove each directory of ``dirs`` that is empty, deepest first."""
+        for rel in sorted(dirs, key=lambda d: d.count("/"), reverse=True):
+            try:
+                self.path(rel).rmdir()
+            except (FileNotFoundError, OSError):
+                continue
+
+
+def file_mode(git_mode: str) -> int:
+    """Permission bits for a git file mode (``100755`` -> 0o755, else 0o644)."""
+    return 0o755 if git_mode == "100755" else 0o644

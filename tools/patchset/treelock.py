@@ -1,0 +1,42 @@
+"""One patchset process per tree: an exclusive ``flock`` on the tree's root directory.
+
+Locking the directory itself (not a file inside it) means a refused or failed run leaves no
+lock file behind. A second process polls until ``timeout`` seconds pass, then raises TreeBusy;
+the lock dies with its process, so a crashed run never leaves the tree locked.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from patchset.errors import TreeBusy
+
+DEFAULT_TIMEOUT_S = 30.0
+_POLL_S = 0.05
+
+
+@contextmanager
+def tree_lock(root: Path, timeout: float = DEFAULT_TIMEOUT_S) -> Iterator[None]:
+    """Hold the exclusive lock of tree ``root`` for the duration of the block."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TreeBusy(
+                        f"tree {root} is locked by another patchset process (waited {timeout:g} s)",
+                        hint="wait for it to finish, or pass a longer --wait",
+                    ) from None
+                time.sleep(_POLL_S)
+        yield
+    finally:
+        os.close(fd)

@@ -1,0 +1,95 @@
+"""Verify a patched tree and report per-patch status, hashing only the files the series touched."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from patchset.errors import DriftError, TreeStateError
+from patchset.hashing import sha256_bytes
+from patchset.model import Lock, Patch, TreeState
+from patchset.state import read_state
+from patchset.tree import Tree
+
+PatchStatus = Literal["applied", "not applied", "drifted"]
+
+
+@dataclass(frozen=True)
+class Drift:
+    """A touched file whose bytes are not the postimage its owning (last) patch recorded."""
+
+    path: str
+    expected: str | None
+    actual: str | None
+    owner: str
+
+    def describe(self) -> str:
+        return (
+            f"{self.path}: expected {self.expected or 'absent'}, "
+            f"found {self.actual or 'absent'} (owned by {self.owner})"
+        )
+
+
+def find_drift(tree: Tree, state: TreeState) -> list[Drift]:
+    """Every touched file of the applied stack that differs from its expected postimage."""
+    drift = []
+    for path, (expected, owner) in sorted(state.expected().items()):
+        data = tree.read(path)
+        actual = None if data is None else sha256_bytes(data)
+        if actual != expected:
+            drift.append(Drift(path, expected, actual, owner))
+    return drift
+
+
+def lock_disagreements(state: TreeState, patches: tuple[Patch, ...], lock: Lock) -> list[str]:
+    """Applied patches whose file or recorded images differ from the series and the lock now."""
+    by_name = {p.name: p for p in patches}
+    out = []
+    for applied in state.applied:
+        patch = by_name.get(applied.name)
+        entry = lock.entry(applied.name)
+        if patch is None:
+            out.append(f"{applied.name}: applied but no longer in series")
+        elif patch.sha256 != applied.images.sha256:
+            out.append(f"{applied.name}: patch file changed since it was applied")
+        elif entry is None or entry.files != applied.images.files:
+            out.append(f"{applied.name}: applied images differ from series.lock")
+    return out
+
+
+def verify_tree(tree: Tree, patches: tuple[Patch, ...], lock: Lock) -> TreeState:
+    """Check every touched file against its postimage; raise DriftError listing each drift."""
+    state = read_state(tree.root)
+    if state is None:
+        raise TreeStateError(
+            f"{tree.root}: no patch is applied (no .patchset/state.json)",
+            hint=f"patchset apply --tree {tree.root}",
+        )
+    problems = [d.describe() for d in find_drift(tree, state)]
+    problems += lock_disagreements(state, patches, lock)
+    if problems:
+        raise DriftError(
+            f"{tree.root}: {len(problems)} problem(s): the tree is not what the series makes",
+            hint="patchset status shows which patch; unapply and apply again, or refresh",
+            details=problems,
+        )
+    return state
+
+
+def tree_status(tree: Tree, patches: tuple[Patch, ...]) -> list[tuple[str, PatchStatus]]:
+    """Each patch of the target with its status: applied, not applied, or drifted."""
+    state = read_state(tree.root)
+    if state is None:
+        return [(p.name, "not applied") for p in patches]
+    drifted_owners = {d.owner for d in find_drift(tree, state)}
+    applied = {a.name: a for a in state.applied}
+    out: list[tuple[str, PatchStatus]] = []
+    for patch in patches:
+        record = applied.get(patch.name)
+        if record is None:
+            out.append((patch.name, "not applied"))
+        elif patch.name in drifted_owners or record.images.sha256 != patch.sha256:
+            out.append((patch.name, "drifted"))
+        else:
+            out.append((patch.name, "applied"))
+    return out
