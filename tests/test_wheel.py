@@ -1,0 +1,366 @@
+"""The overlay wheel on a tiny fixture wheel: overlay, refusals, label, determinism, RECORD."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from patchset.errors import NativeSourceError, WheelError
+from patchset.hashing import sha256_bytes, sha256_file
+from patchset.model import FilePatch, Patch, PatchHeader
+from patchset.pins import Pin
+from patchset.record import RecordEntry, parse_record, write_record
+from patchset.wheel import (
+    build_wheel,
+    local_version,
+    native_reason,
+    prove_base,
+    refuse_native,
+    series_digest,
+    verify_wheel,
+)
+
+BASE_NAME = "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+PRISTINE: dict[str, bytes] = {
+    "vllm/__init__.py": b"from vllm.a import A\n",
+    "vllm/a.py": b"A = 1\n",
+    "vllm/gone.py": b"GONE = True\n",
+    "vllm/_version.py": b"__version__ = '0.26.0.dev0'\n",
+    "vllm/configs/x.json": b"{}\n",
+    "tests/test_a.py": b"def test_a():\n    pass\n",
+    "csrc/k.cu": b"// kernel\n",
+    "setup.py": b"import setuptools\n",
+}
+WHEEL_ONLY: dict[str, bytes] = {
+    "vllm/_version.py": b"__version__ = '0.26.0'\n",
+    "vllm/_C.abi3.so": bytes(range(256)) * 64,
+    "vllm/vendored/lib.py": b"VENDORED = 1\n",
+    "vllm/bin/tool": b"#!/bin/sh\n",
+}
+WHEEL_PIN = Pin(
+    target="vllm",
+    kind="wheel",
+    requirement="vllm==0.26.0",
+    filename=BASE_NAME,
+    sha256="0" * 64,
+    differs_from_sdist=("vllm/_version.py",),
+    build_only_py=("vllm/vendored/",),
+)
+
+
+def make_base_wheel(path: Path, extra: Mapping[str, bytes] | None = None) -> Path:
+    """A small wheel shaped like vLLM's: package files, a .so, an executable, dist-info."""
+    files = {k: v for k, v in PRISTINE.items() if k.startswith("vllm/")}
+    files.update(WHEEL_ONLY)
+    files.update(extra or {})
+    dist = "vllm-0.26.0.dist-info"
+    files[f"{dist}/METADATA"] = b"Metadata-Version: 2.4\nName: vllm\nVersion: 0.26.0\n\nA body.\n"
+    files[f"{dist}/WHEEL"] = b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: cp38-abi3-any\n"
+    rows = [RecordEntry.of(name, data) for name, data in files.items()]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for i, (name, data) in enumerate(reversed(list(files.items()))):
+            info = zipfile.ZipInfo(name, date_time=(2026, 7, 25, 2, i % 60, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = (0o100775 if name.endswith("tool") else 0o100664) << 16
+            zf.writestr(info, data)
+        zf.writestr(f"{dist}/RECORD", write_record(rows, f"{dist}/RECORD"))
+    return path
+
+
+def write_tree(root: Path, files: Mapping[str, bytes]) -> Path:
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return root
+
+
+def make_patch(name: str, ops: Mapping[str, str]) -> Patch:
+    """A Patch touching ``ops`` (path -> op); the wheel only reads names, hashes and paths."""
+    header = PatchHeader("0" * 40, "dcp-series", "date", "[Test] x", "desc", ())
+    files = tuple(FilePatch(path, op, "100644", None, None, ()) for path, op in ops.items())  # type: ignore[arg-type]
+    return Patch(name, sha256_bytes(name.encode() + repr(ops).encode()), header, b"", files)
+
+
+class Fixture:
+    def __init__(self, tmp: Path, new_a: bytes = b"A = 2\n", new_file: bytes = b"NEW = 1\n"):
+        self.base = make_base_wheel(tmp / BASE_NAME)
+        self.pristine = write_tree(tmp / "pristine", PRISTINE)
+        patched = dict(PRISTINE)
+        patched["vllm/a.py"] = new_a
+        del patched["vllm/gone.py"]
+        patched["vllm/new.py"] = new_file
+        patched["tests/test_new.py"] = b"def test_new():\n    pass\n"
+        self.tree = write_tree(tmp / "tree", patched)
+        self.patches = [
+            make_patch("vllm/0001-a.patch", {"vllm/a.py": "modify", "tests/test_new.py": "add"}),
+            make_patch("vllm/0002-b.patch", {"vllm/gone.py": "delete", "vllm/new.py": "add"}),
+        ]
+
+    def build(self, out: Path, patches: list[Patch] | None = None):  # type: ignore[no-untyped-def]
+        return build_wheel(
+            base_wheel=self.base,
+            wheel_pin=WHEEL_PIN,
+            pristine=self.pristine,
+            tree=self.tree,
+            patches=self.patches if patches is None else patches,
+            out_dir=out,
+        )
+
+
+@pytest.fixture
+def fx(tmp_path: Path) -> Fixture:
+    return Fixture(tmp_path)
+
+
+def test_overlay_replaces_adds_and_removes_package_files(fx: Fixture, tmp_path: Path) -> None:
+    """Changed and new vllm/ files are laid over, deleted ones removed, tests/ not carried."""
+    built = fx.build(tmp_path / "dist")
+    digest = series_digest(fx.patches)
+    assert built.version == f"0.26.0+dcp.{digest[:12]}"
+    assert built.path.name == f"vllm-{built.version}-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(built.path) as zf:
+        names = zf.namelist()
+        assert zf.read("vllm/a.py") == b"A = 2\n"
+        assert zf.read("vllm/new.py") == b"NEW = 1\n"
+        assert zf.read("vllm/_C.abi3.so") == WHEEL_ONLY["vllm/_C.abi3.so"]
+        meta = zf.read(f"vllm-{built.version}.dist-info/METADATA")
+    assert "vllm/gone.py" not in names
+    assert not any(n.startswith(("tests/", "vllm-0.26.0.dist-info/")) for n in names)
+    assert b"\nVersion: " + built.version.encode() + b"\n" in meta and meta.endswith(b"A body.\n")
+    assert {(f.path, f.op) for f in built.overlay.files} == {
+        ("vllm/a.py", "modify"),
+        ("vllm/gone.py", "delete"),
+        ("vllm/new.py", "add"),
+    }
+    assert built.overlay.not_carried == ("tests/test_new.py",)
+    assert built.sha256 == sha256_file(built.path)
+
+
+def test_members_are_canonical(fx: Fixture, tmp_path: Path) -> None:
+    """Members sorted, .dist-info last, RECORD last, date 1980-01-01, modes 0o644/0o755 only."""
+    built = fx.build(tmp_path / "dist")
+    with zipfile.ZipFile(built.path) as zf:
+        infos = zf.infolist()
+    names = [i.filename for i in infos]
+    split = next(i for i, n in enumerate(names) if ".dist-info/" in n)
+    assert names[:split] == sorted(names[:split])
+    assert all(".dist-info/" in n for n in names[split:])
+    assert names[-1] == f"vllm-{built.version}.dist-info/RECORD"
+    assert {i.date_time for i in infos} == {(1980, 1, 1, 0, 0, 0)}
+    modes = {i.filename: (i.external_attr >> 16) for i in infos}
+    assert modes["vllm/bin/tool"] == 0o100755
+    assert set(modes.values()) == {0o100644, 0o100755}
+    assert {i.compress_type for i in infos} == {zipfile.ZIP_DEFLATED}
+
+
+def test_record_is_regenerated_and_matches_every_member(fx: Fixture, tmp_path: Path) -> None:
+    """RECORD lists every member but itself with its sha256 and size, and nothing else."""
+    built = fx.build(tmp_path / "dist")
+    with zipfile.ZipFile(built.path) as zf:
+        record = f"vllm-{built.version}.dist-info/RECORD"
+        rows = parse_record(zf.read(record))
+        expected = [RecordEntry.of(n, zf.read(n)) for n in zf.namelist() if n != record]
+    assert rows == [*expected, RecordEntry(record, None, None)]
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(new_a=st.binary(max_size=2000), new_file=st.binary(max_size=2000))
+def test_rebuild_is_byte_identical(tmp_path: Path, new_a: bytes, new_file: bytes) -> None:
+    """Same inputs give the same wheel sha256, whatever the file times and umask of the inputs."""
+    work = tmp_path / sha256_bytes(new_a + b"|" + new_file)[:16]
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    fixture = Fixture(work, new_a, new_file)
+    first = fixture.build(work / "one")
+    for path in (fixture.tree / "vllm").iterdir():
+        os.utime(path, (1_000_000_000, 1_000_000_000))
+    old = os.umask(0o077)
+    try:
+        second = fixture.build(work / "two")
+    finally:
+        os.umask(old)
+    assert first.path.name == second.path.name
+    assert first.sha256 == second.sha256
+    assert first.path.read_bytes() == second.path.read_bytes()
+
+
+def test_version_label_follows_the_series(fx: Fixture, tmp_path: Path) -> None:
+    """A different patch list (content or order) gives a different local label."""
+    one = fx.build(tmp_path / "a")
+    reordered = fx.build(tmp_path / "b", list(reversed(fx.patches)))
+    assert one.version != reordered.version
+    assert series_digest(fx.patches) != series_digest(fx.patches[:1])
+
+
+def test_local_version() -> None:
+    """The dcp label is appended to any existing local label; a second one is refused."""
+    digest = "0123456789abcdef" * 4
+    assert local_version("0.26.0", digest) == "0.26.0+dcp.0123456789ab"
+    assert local_version("0.26.0+cu130", digest) == "0.26.0+cu130.dcp.0123456789ab"
+    with pytest.raises(WheelError, match="already carries"):
+        local_version("0.26.0+dcp.0123456789ab", digest)
+    with pytest.raises(WheelError, match="PEP 440"):
+        local_version("0.26.0+CU 130", digest)
+    with pytest.raises(WheelError, match="not hex"):
+        local_version("0.26.0", "xyz")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "csrc/attention/mla.cu",
+        "CMakeLists.txt",
+        "cmake/utils.cmake",
+        "setup.py",
+        "vllm/ops/kernel.cpp",
+        "vllm/ops/kernel.c",
+        "csrc/ops.h",
+        "vllm/kernels/x.cuh",
+    ],
+)
+def test_refuses_native_sources_naming_patch_and_file(
+    fx: Fixture, tmp_path: Path, path: str
+) -> None:
+    """A patch touching a native source is refused with the patch and file named; no output."""
+    patches = [*fx.patches, make_patch("vllm/0003-native.patch", {path: "modify"})]
+    with pytest.raises(NativeSourceError) as err:
+        fx.build(tmp_path / "dist", patches)
+    assert err.value.details[0].startswith(f"vllm/0003-native.patch: {path}: ")
+    assert not (tmp_path / "dist").exists()
+
+
+def test_native_refusal_lists_every_offender() -> None:
+    """All native files of all patches are listed in one error."""
+    patches = [
+        make_patch("vllm/0001-a.patch", {"csrc/a.cu": "modify", "vllm/a.py": "modify"}),
+        make_patch("vllm/0002-b.patch", {"setup.py": "modify"}),
+    ]
+    with pytest.raises(NativeSourceError) as err:
+        refuse_native(patches)
+    assert len(err.value.details) == 2
+
+
+@pytest.mark.parametrize(
+    "path", ["vllm/config/model.py", "tests/test_cmake_utils.py", "docs/setup.md", "vllm/x.json"]
+)
+def test_python_and_data_files_are_not_native(path: str) -> None:
+    """Python, docs and package data are not native sources."""
+    assert native_reason(path) is None
+
+
+def test_proof_allows_only_documented_differences(fx: Fixture) -> None:
+    """_version.py may differ and vendored files may be wheel-only; nothing else may."""
+    with zipfile.ZipFile(fx.base) as zf:
+        prove_base(zf, fx.pristine, WHEEL_PIN)
+
+
+@pytest.mark.parametrize(
+    ("extra", "pristine_change", "message"),
+    [
+        ({"vllm/a.py": b"A = 99\n"}, {}, "vllm/a.py: wheel and sdist differ"),
+        ({"vllm/extra.py": b""}, {}, "vllm/extra.py: in the wheel but not in the sdist"),
+        ({}, {"vllm/only_sdist.py": b""}, "vllm/only_sdist.py: in the sdist but not in the wheel"),
+    ],
+)
+def test_proof_refuses_any_other_difference(
+    tmp_path: Path, extra: dict[str, bytes], pristine_change: dict[str, bytes], message: str
+) -> None:
+    """A .py that differs, or exists on one side only outside the documented sets, is refused."""
+    fx = Fixture(tmp_path)
+    make_base_wheel(fx.base, extra)
+    write_tree(fx.pristine, pristine_change)
+    with pytest.raises(WheelError) as err:
+        fx.build(tmp_path / "dist")
+    assert message in err.value.details
+    assert not (tmp_path / "dist").exists()
+
+
+def test_overlay_must_fit_the_base_wheel(tmp_path: Path) -> None:
+    """Adding a file the wheel already has, or changing one whose wheel copy is not the
+    preimage, is refused."""
+    fx = Fixture(tmp_path)
+    write_tree(fx.tree, {"vllm/configs/x.json": b"{1}\n", "vllm/_version.py": b"v = 2\n"})
+    patches = [
+        make_patch("vllm/0001-a.patch", {"vllm/configs/x.json": "modify"}),
+        make_patch("vllm/0002-b.patch", {"vllm/_version.py": "modify"}),
+    ]
+    make_base_wheel(fx.base, {"vllm/configs/x.json": b"[]\n"})
+    with pytest.raises(WheelError) as err:
+        fx.build(tmp_path / "dist", patches)
+    assert any(
+        "vllm/configs/x.json: the wheel's copy is not the sdist's" in d for d in err.value.details
+    )
+    assert any("vllm/_version.py: the wheel's copy" in d for d in err.value.details)
+
+
+def test_verify_detects_a_member_that_disagrees_with_record(fx: Fixture, tmp_path: Path) -> None:
+    """Re-opening a wheel whose member bytes changed after RECORD was written fails, naming it."""
+    built = fx.build(tmp_path / "dist")
+    tampered = tmp_path / "tampered.whl"
+    with zipfile.ZipFile(built.path) as src, zipfile.ZipFile(tampered, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename == "vllm/a.py":
+                data = b"A = 3\n"
+            dst.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED)
+    verify_wheel(built.path)
+    with pytest.raises(WheelError) as err:
+        verify_wheel(tampered)
+    assert len(err.value.details) == 1 and err.value.details[0].startswith("vllm/a.py: RECORD says")
+
+
+def test_verify_detects_non_canonical_archives(fx: Fixture, tmp_path: Path) -> None:
+    """Wrong order, dates or modes are each reported."""
+    built = fx.build(tmp_path / "dist")
+    odd = tmp_path / "odd.whl"
+    with zipfile.ZipFile(built.path) as src, zipfile.ZipFile(odd, "w") as dst:
+        infos = src.infolist()
+        for info in [infos[1], infos[0], *infos[2:]]:
+            copy = zipfile.ZipInfo(info.filename, date_time=info.date_time)
+            copy.external_attr = info.external_attr
+            if info.filename == "vllm/a.py":
+                copy.date_time = (2020, 1, 1, 0, 0, 0)
+                copy.external_attr = 0o100600 << 16
+            dst.writestr(copy, src.read(info), compress_type=zipfile.ZIP_DEFLATED)
+    with pytest.raises(WheelError) as err:
+        verify_wheel(odd)
+    text = "\n".join(err.value.details)
+    assert "not in canonical order" in text
+    assert "vllm/a.py: date" in text and "vllm/a.py: mode" in text
+
+
+def test_tiny_overlay_wheel_installs_with_pip(fx: Fixture, tmp_path: Path) -> None:
+    """pip accepts the renamed wheel (file name, .dist-info and METADATA versions agree)."""
+    built = fx.build(tmp_path / "dist")
+    target = tmp_path / "site"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            str(target),
+            "--no-compile",
+            "--disable-pip-version-check",
+            str(built.path),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (target / "vllm" / "new.py").read_bytes() == b"NEW = 1\n"
+    assert (target / f"vllm-{built.version}.dist-info" / "METADATA").is_file()
