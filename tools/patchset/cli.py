@@ -282,7 +282,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="exit 1 if series.lock is stale")
     p.add_argument("--base", action="append", help="TARGET=DIR pristine base (default: fetch)")
     p.set_defaults(func=cmd_lock)
+    _add_dist_commands(sub)
     return parser
+
+
+# ----------------------------------------------------------------------------------------------
+# Distribution commands (fetch, wheel): adapters over patchset.fetch and patchset.wheel.
+
+
+def cmd_fetch(args: argparse.Namespace, repo: Path) -> int:
+    from patchset.fetch import cache_dir, fetch_all
+    from patchset.pins import load_pins
+
+    cache = cache_dir(repo)
+    source = Path(args.source).resolve() if args.source else None
+    for got in fetch_all(load_pins(repo / "pins.toml"), cache, offline=args.offline, source=source):
+        _info(f"{got.action:<10} {got.pin.key:<11} {got.path}  sha256={got.pin.sha256}")
+    return 0
+
+
+def cmd_wheel(args: argparse.Namespace, repo: Path) -> int:
+    from patchset.wheel import wheel_from_series
+
+    built, receipt = wheel_from_series(
+        repo,
+        tree=Path(args.tree) if args.tree else None,
+        out_dir=Path(args.out) if args.out else None,
+        offline=args.offline,
+        log=_info,
+    )
+    _info(f"Built {built.path} ({len(built.overlay.files)} file(s) overlaid)")
+    _info(f"sha256 {built.sha256}")
+    _info(f"receipt {receipt}")
+    return 0
+
+
+def _add_dist_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("fetch", help="download the pinned bases into the cache and verify them")
+    p.add_argument("--offline", action="store_true", help="never run pip; use the cache only")
+    p.add_argument("--from", dest="source", help="copy pinned files from DIR instead of pip")
+    p.set_defaults(func=cmd_fetch)
+    p = sub.add_parser("wheel", help="apply, verify and build the overlay wheel + receipt")
+    p.add_argument("--tree", help="the vLLM tree (default: build/vllm)")
+    p.add_argument("--out", help="output directory (default: dist)")
+    p.add_argument("--offline", action="store_true", help="never run pip; use the cache only")
+    p.set_defaults(func=cmd_wheel)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
