@@ -203,6 +203,7 @@ def apply_series(
         mode_of = {fp.path: fp.mode for patch in todo for fp in patch.files}
         writer = _Writer(tree)
         try:
+            state_dir(tree.root).mkdir(exist_ok=True)
             for path, data in originals.items():
                 if path not in backups:
                     writer.backup(path, data)
