@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from patchset.cli import main
 from patchset.model import PatchHeader
 from patchset.patchfile import serialise_header

@@ -7,10 +7,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import Workspace, git, patch_bytes, snapshot, write_tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from conftest import Workspace, git, patch_bytes, snapshot, write_tree
 from patchset.tree import Tree
 
 BASE = {

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from patchset.diffparse import apply_file, parse_diff, reverse, split_lines
 from patchset.errors import PatchDoesNotApply
 from patchset.refresh import render_file
@@ -83,7 +82,8 @@ GOOD_HEAD = f"index {BLOB}..{'2' * 40} 100644\n--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a
             "binary hunk",
         ),
         (
-            f"diff --git a/f b/f\nindex {BLOB}..{'2' * 40} 100644\nBinary files a/f and b/f differ\n",
+            f"diff --git a/f b/f\nindex {BLOB}..{'2' * 40} 100644\n"
+            "Binary files a/f and b/f differ\n",
             "binary hunk",
         ),
         ("diff --git a/f b/f\nold mode 100644\nnew mode 100755\n", "mode change"),
@@ -98,7 +98,8 @@ GOOD_HEAD = f"index {BLOB}..{'2' * 40} 100644\n--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a
         ("diff --git a/.git/config b/.git/config\n" + GOOD_HEAD, "reserved directory"),
         ("diff --git a/.patchset/state.json b/.patchset/state.json\n" + GOOD_HEAD, "reserved"),
         (
-            "diff --git a/f b/f\nindex 1111111..2222222 100644\n--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+b\n",
+            "diff --git a/f b/f\nindex 1111111..2222222 100644\n"
+            "--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+b\n",
             "abbreviated index",
         ),
     ],
