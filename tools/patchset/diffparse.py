@@ -22,8 +22,6 @@ NULL_BLOB = "0" * 40
 _GIT_HEADER = re.compile(r"^diff --git a/(?P<old>\S+) b/(?P<new>\S+)$")
 _INDEX = re.compile(r"^index (?P<old>[0-9a-f]+)\.\.(?P<new>[0-9a-f]+)(?: (?P<mode>\d+))?$")
 _REFUSED_HEADERS = {
-    "old mode": "mode change",
-    "new mode": "mode change",
     "similarity index": "rename or copy (export with --no-renames)",
     "dissimilarity index": "rename or copy (export with --no-renames)",
     "rename from": "rename (export with --no-renames)",
@@ -106,6 +104,7 @@ def _parse_block(block: list[str]) -> tuple[FilePatch | None, list[str]]:
     op: FileOp = "modify"
     mode: str | None = None
     old_blob = new_blob = None
+    mode_change: dict[str, str] = {}
     body_at = len(block)
     for at, line in enumerate(block[1:], start=1):
         if line.startswith("--- ") or line.startswith("@@"):
@@ -114,6 +113,8 @@ def _parse_block(block: list[str]) -> tuple[FilePatch | None, list[str]]:
         refused = next((why for key, why in _REFUSED_HEADERS.items() if line.startswith(key)), None)
         if refused:
             problems.append(f"{path}: {refused} ({line.strip()!r})")
+        elif line.startswith(("old mode ", "new mode ")):
+            mode_change[line.split()[0]] = line.split()[-1]
         elif line.startswith("new file mode "):
             op, mode = "add", line.split()[-1]
         elif line.startswith("deleted file mode "):
@@ -123,6 +124,9 @@ def _parse_block(block: list[str]) -> tuple[FilePatch | None, list[str]]:
             mode = index.group("mode") or mode
         elif line.strip():
             problems.append(f"{path}: unexpected diff header line {line!r}")
+    if mode_change:
+        change = f"{mode_change.get('old', '?')} -> {mode_change.get('new', '?')}"
+        problems.append(f"{path}: mode change ({change}); patches may not change modes")
     if problems:
         return None, problems
     if old_blob is None or new_blob is None:

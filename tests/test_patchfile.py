@@ -1,0 +1,109 @@
+"""patchfile: the format-patch header parses, serialises and round-trips; bad trailers refused."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import git
+from hypothesis import given
+from hypothesis import strategies as st
+from patchset.model import PatchHeader
+from patchset.patchfile import (
+    header_problems,
+    parse_header,
+    serialise_header,
+    split_patch,
+    upstream_status_problem,
+)
+
+WORD = (
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz[]().,:-_ ", min_size=1, max_size=12)
+    .map(str.strip)
+    .filter(bool)
+)
+SENTENCE = st.lists(WORD, min_size=1, max_size=6).map(" ".join)
+PARAGRAPH = st.lists(SENTENCE.map(lambda s: "desc " + s), min_size=1, max_size=3).map("\n".join)
+TRAILER = st.tuples(
+    st.sampled_from(["Upstream-Status", "Depends-on", "Signed-off-by", "Test-Result"]), SENTENCE
+)
+HEADERS = st.builds(
+    PatchHeader,
+    commit=st.text(alphabet="0123456789abcdef", min_size=40, max_size=40),
+    author=SENTENCE,
+    date=SENTENCE,
+    subject=SENTENCE,
+    description=st.lists(PARAGRAPH, max_size=3).map("\n\n".join),
+    trailers=st.lists(TRAILER, min_size=1, max_size=4).map(tuple),
+)
+
+
+@given(HEADERS)
+def test_header_round_trips_through_its_canonical_bytes(header: PatchHeader) -> None:
+    """parse(serialise(h)) == h and serialise is a fixed point for every generated header."""
+    data = serialise_header(header)
+    assert parse_header(data) == header
+    assert serialise_header(parse_header(data)) == data
+
+
+def test_parses_real_format_patch_with_folded_subject(tmp_path) -> None:
+    git(tmp_path, "init", "-q")
+    (tmp_path / "f").write_text("a\n")
+    git(tmp_path, "add", "f")
+    git(tmp_path, "commit", "-qm", "base")
+    (tmp_path / "f").write_text("b\n")
+    title = "[Core] " + "a long title word " * 5
+    body = "Purpose.\n\nUpstream-Status: Submitted [https://github.com/vllm-project/vllm/pull/1]"
+    git(tmp_path, "commit", "-qasm", title.strip(), "-m", body, "-s")
+    data = git(
+        tmp_path,
+        "format-patch",
+        "--full-index",
+        "--no-signature",
+        "--zero-commit",
+        "-N",
+        "--no-stat",
+        "-1",
+        "--stdout",
+    ).encode()
+    header_text, diff = split_patch(data)
+    assert diff.startswith(b"diff --git a/f b/f\n")
+    header = parse_header(header_text)
+    assert header.subject == "[PATCH] " + title.strip()
+    assert header.description == "Purpose."
+    assert header.upstream_status == "Submitted [https://github.com/vllm-project/vllm/pull/1]"
+    assert header_problems(header) == []
+
+
+def make(trailers: tuple[tuple[str, str], ...]) -> PatchHeader:
+    return PatchHeader("0" * 40, "a <a@b>", "d", "[T] t", "body", trailers)
+
+
+def test_header_without_upstream_status_or_signoff_is_refused() -> None:
+    problems = header_problems(make((("Test-Plan", "x"),)))
+    assert any("no 'Upstream-Status:'" in p for p in problems)
+    assert any("no 'Signed-off-by:'" in p for p in problems)
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ("Pending", True),
+        ("Submitted [https://x/pull/1]", True),
+        ("Submitted", True),
+        ("Backport [https://x/commit/abc]", True),
+        ("Inappropriate [CPU-only fixture]", True),
+        ("Inappropriate", False),
+        ("Pending [soon]", False),
+        ("Merged", False),
+        ("pending", False),
+        ("Submitted https://x", False),
+    ],
+)
+def test_upstream_status_values(value: str, ok: bool) -> None:
+    assert (upstream_status_problem(value) is None) is ok
+
+
+def test_not_a_format_patch_file_is_refused() -> None:
+    from patchset.errors import PatchFormatError
+
+    with pytest.raises(PatchFormatError, match="not a git format-patch file"):
+        parse_header(b"Subject: x\n\n")
