@@ -1,0 +1,83 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Load shipped vLLM Triton modules on CPU, under the Triton interpreter.
+
+vLLM modules import Triton through ``vllm.triton_utils``, which hands out a placeholder on a
+machine without a GPU driver, so the kernels cannot be imported from an installed vLLM here.
+``load_shipped_triton`` executes the module file of the patched tree itself, with
+``vllm.triton_utils`` resolved to the real ``triton`` / ``triton.language`` (interpreted:
+``TRITON_INTERPRET=1``) and any other ``vllm`` import it needs resolved to a stated stand-in.
+The stand-ins exist only while the module body runs; ``sys.modules`` is restored afterwards.
+The code under test (kernels and launchers) is the shipped file, byte for byte.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import types
+from collections.abc import Mapping
+from types import ModuleType
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from conftest import patched_tree  # noqa: E402
+
+
+def _package(name: str) -> ModuleType:
+    module = types.ModuleType(name)
+    module.__path__ = []
+    return module
+
+
+def load_shipped_triton(
+    relpath: str, stand_ins: Mapping[str, Mapping[str, object]] | None = None
+) -> ModuleType:
+    """Execute ``relpath`` of the patched tree with real (interpreted) Triton.
+
+    ``stand_ins`` maps further ``vllm.*`` module names the file imports to the attributes they
+    must provide (e.g. a type used only in annotations). Fails when the file is missing.
+    """
+    import pytest
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.fail("shipped Triton kernels run on CPU only with TRITON_INTERPRET=1")
+    path = patched_tree() / relpath
+    if not path.is_file():
+        pytest.fail(f"{path} not found: run `make apply` (or set DCP_VLLM_TREE) first")
+    name = "dcp_shipped_" + relpath.removesuffix(".py").replace("/", "_")
+    if name in sys.modules:
+        return sys.modules[name]
+
+    triton_utils = types.ModuleType("vllm.triton_utils")
+    triton_utils.triton = triton
+    triton_utils.tl = tl
+    shims: dict[str, ModuleType] = {"vllm.triton_utils": triton_utils}
+    for mod_name, attrs in (stand_ins or {}).items():
+        module = types.ModuleType(mod_name)
+        for key, value in attrs.items():
+            setattr(module, key, value)
+        shims[mod_name] = module
+    for mod_name in list(shims):
+        parts = mod_name.split(".")
+        for i in range(1, len(parts)):
+            parent = ".".join(parts[:i])
+            shims.setdefault(parent, _package(parent))
+
+    saved = {key: sys.modules.get(key) for key in shims}
+    try:
+        sys.modules.update(shims)
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                sys.modules.pop(key, None)
+            else:
+                sys.modules[key] = value
+    sys.modules[name] = module
+    return module

@@ -1,0 +1,220 @@
+# SPDX-License-Identifier: Apache-2.0
+"""DCP ownership and localisation of the global top-k, on vLLM's shipped filter kernel.
+
+Token ``t`` of a request lives on DCP rank ``(t // I) % N`` at local position
+``(t // (N * I)) * I + t % I``. After the global top-k merge every rank holds the same global
+winner ids; ``triton_filter_and_convert_dcp_index`` (``sparse_utils.py``, run here under the
+Triton interpreter) must keep exactly the winners the rank owns, at the physical slot its block
+table gives for the local position, and drop the rest.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from conftest import load_leaf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from shipped_triton import load_shipped_triton
+
+SPARSE_UTILS = "vllm/v1/attention/backends/mla/sparse_utils.py"
+TOPK_MERGE = "vllm/v1/attention/ops/dcp_topk_merge.py"
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def owner(t: int, n: int, interleave: int) -> int:
+    return (t // interleave) % n
+
+
+def local_position(t: int, n: int, interleave: int) -> int:
+    return (t // (n * interleave)) * interleave + t % interleave
+
+
+@st.composite
+def dcp_layouts(draw):
+    """N ranks, interleave I | block size, requests with lengths, rows of global winners."""
+    n = draw(st.integers(1, 5))
+    block_size = draw(st.sampled_from([4, 8, 16]))
+    interleave = draw(st.sampled_from([i for i in (1, 2, 4, 8) if block_size % i == 0]))
+    block_n = 16
+    topk = block_n * draw(st.integers(1, 3))
+    lengths = draw(st.lists(st.integers(0, 160), min_size=1, max_size=3))
+    max_local = max(-(-length // n) + interleave for length in lengths)
+    blocks_per_req = -(-max_local // block_size) + 1
+    rows = []
+    for req, length in enumerate(lengths):
+        for _ in range(draw(st.integers(1, 3))):
+            count = draw(st.integers(0, min(topk, length)))
+            winners = draw(st.permutations(range(length)))[:count] if length else []
+            row = list(winners) + [-1] * (topk - count)
+            if draw(st.booleans()):
+                row = draw(st.permutations(row))
+            rows.append((req, row))
+    seed = draw(st.integers(0, 2**16))
+    return n, interleave, block_size, block_n, topk, lengths, blocks_per_req, rows, seed
+
+
+def block_tables(n: int, num_reqs: int, blocks_per_req: int, seed: int) -> list[torch.Tensor]:
+    """One block table per rank: distinct physical blocks, shuffled, per request."""
+    rng = random.Random(seed)
+    tables = []
+    for _ in range(n):
+        physical = list(range(num_reqs * blocks_per_req * 2))
+        rng.shuffle(physical)
+        table = torch.tensor(physical[: num_reqs * blocks_per_req], dtype=torch.int32)
+        tables.append(table.view(num_reqs, blocks_per_req))
+    return tables
+
+
+@SETTINGS
+@given(layout=dcp_layouts(), compact=st.booleans())
+def test_every_global_winner_is_kept_by_exactly_one_rank_at_its_local_slot(layout, compact):
+    """For any N, I, lengths and global winner rows, the shipped filter keeps each winner on
+    exactly its owner rank (t // I) % N, at block_table[local // B] * B + local % B with
+    local = (t // (N*I))*I + t % I, keeps nothing else, and reports the owned count."""
+    su = load_shipped_triton(SPARSE_UTILS)
+    n, interleave, block_size, block_n, topk, lengths, blocks_per_req, rows, seed = layout
+    tables = block_tables(n, len(lengths), blocks_per_req, seed)
+    req_id = torch.tensor([req for req, _ in rows], dtype=torch.int32)
+    indices = torch.tensor([row for _, row in rows], dtype=torch.int32)
+
+    kept: list[list[list[int]]] = []
+    for rank in range(n):
+        result = su.triton_filter_and_convert_dcp_index(
+            req_id,
+            tables[rank],
+            indices,
+            n,
+            rank,
+            interleave,
+            BLOCK_SIZE=block_size,
+            NUM_TOPK_TOKENS=topk,
+            BLOCK_N=block_n,
+            return_valid_counts=True,
+            compact_valid_to_front=compact,
+        )
+        out, counts = result
+        kept.append(out.tolist())
+        for r, (req, row) in enumerate(rows):
+            owned = [t for t in row if t >= 0 and owner(t, n, interleave) == rank]
+            expected = []
+            for t in owned:
+                local = local_position(t, n, interleave)
+                expected.append(
+                    int(tables[rank][req, local // block_size]) * block_size + local % block_size
+                )
+            got = [s for s in out[r].tolist() if s >= 0]
+            assert sorted(got) == sorted(expected)
+            assert int(counts[r]) == len(owned)
+            if compact and n > 1:
+                # Compacted: the kept slots are a prefix of the row.
+                assert all(s >= 0 for s in out[r, : len(owned)].tolist())
+            else:
+                # In place (and always for N == 1): column j holds row[j]'s slot or -1.
+                for j, t in enumerate(row):
+                    if t >= 0 and owner(t, n, interleave) == rank:
+                        local = local_position(t, n, interleave)
+                        slot = (
+                            int(tables[rank][req, local // block_size]) * block_size
+                            + local % block_size
+                        )
+                        assert int(out[r, j]) == slot
+                    else:
+                        assert int(out[r, j]) == -1
+
+    # Exactly one rank keeps each winner: the kept counts over ranks add up to the winners.
+    for r, (_, row) in enumerate(rows):
+        total = sum(sum(1 for s in kept[rank][r] if s >= 0) for rank in range(n))
+        assert total == sum(1 for t in row if t >= 0)
+
+
+@SETTINGS
+@given(
+    n=st.integers(1, 6),
+    interleave=st.sampled_from([1, 2, 3, 4]),
+    length=st.integers(0, 300),
+)
+def test_local_to_global_is_the_inverse_of_ownership(n, interleave, length):
+    """The indexer's rank-local -> global id map (used to pack candidates) is the inverse of
+    ownership: local position p on rank r maps to the t with owner r and local position p,
+    and the ranks' images partition [0, length)."""
+    merge = load_leaf(TOPK_MERGE)
+    seen: list[int] = []
+    for rank in range(n):
+        owned = [t for t in range(length) if owner(t, n, interleave) == rank]
+        local = torch.arange(len(owned), dtype=torch.int32)
+        global_ids = merge.local_to_global_token_ids(local, rank, n, interleave).tolist()
+        assert global_ids == owned
+        assert [local_position(t, n, interleave) for t in owned] == list(range(len(owned)))
+        seen += global_ids
+    assert sorted(seen) == list(range(length))
+
+
+@SETTINGS
+@given(
+    n=st.sampled_from([2, 3, 4]),
+    k_tiles=st.integers(1, 2),
+    lengths=st.lists(st.integers(1, 120), min_size=1, max_size=3),
+    seed=st.integers(0, 2**16),
+)
+def test_indexer_merge_output_feeds_the_filter(n, k_tiles, lengths, seed):
+    """End to end with interleave 1: per-rank local top-k -> packed candidates -> merged global
+    ids (the indexer's output buffer) -> shipped filter on each rank keeps, over all ranks,
+    exactly the brute-force global top-k, each winner once, at its owner's slot."""
+    su = load_shipped_triton(SPARSE_UTILS)
+    merge = load_leaf(TOPK_MERGE)
+    block_n, block_size = 16, 8
+    topk = block_n * k_tiles
+    gen = torch.Generator().manual_seed(seed)
+    max_len = max(lengths)
+    scores = torch.randint(-4, 5, (len(lengths), max_len), generator=gen).float()
+    blocks_per_req = -(-max_len // (n * block_size)) + 1
+    tables = block_tables(n, len(lengths), blocks_per_req, seed)
+
+    packed = []
+    for rank in range(n):
+        owned = [t for t in range(max_len) if owner(t, n, 1) == rank]
+        local_logits = scores[:, owned] if owned else scores[:, :0]
+        local_topk = torch.full((len(lengths), topk), -1, dtype=torch.int32)
+        for r, length in enumerate(lengths):
+            mine = [p for p, t in enumerate(owned) if t < length]
+            mine.sort(key=lambda p: (-float(local_logits[r, p]), p))
+            chosen = mine[:topk]
+            local_topk[r, : len(chosen)] = torch.tensor(chosen, dtype=torch.int32)
+        buf = torch.empty((len(lengths), topk, 2))
+        merge.pack_dcp_topk_candidates_torch(
+            local_logits.contiguous(), local_topk, buf, rank, n, 1, None
+        )
+        packed.append(buf)
+    global_topk = merge.stable_topk_from_gathered_candidates_torch(torch.cat(packed, 1), topk)
+
+    req_id = torch.arange(len(lengths), dtype=torch.int32)
+    kept: set[tuple[int, int, int]] = set()
+    for rank in range(n):
+        out, _ = su.triton_filter_and_convert_dcp_index(
+            req_id,
+            tables[rank],
+            global_topk,
+            n,
+            rank,
+            1,
+            BLOCK_SIZE=block_size,
+            NUM_TOPK_TOKENS=topk,
+            BLOCK_N=block_n,
+            return_valid_counts=True,
+        )
+        for r in range(len(lengths)):
+            for slot in out[r].tolist():
+                if slot >= 0:
+                    assert (r, rank, slot) not in kept
+                    kept.add((r, rank, slot))
+
+    expected = set()
+    for r, length in enumerate(lengths):
+        winners = sorted(range(length), key=lambda t: (-float(scores[r, t]), t))[:topk]
+        for t in winners:
+            rank, local = owner(t, n, 1), local_position(t, n, 1)
+            slot = int(tables[rank][r, local // block_size]) * block_size + local % block_size
+            expected.add((r, rank, slot))
+    assert kept == expected

@@ -1,0 +1,165 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The DCP global top-k merge (``dcp_topk_merge.py``, the exact PyTorch backend) is the top-k
+over the concatenated scores, with ties broken deterministically.
+
+Order (that of the CuteDSL selector's 64-bit key ``ordered(bits(score)) << 32 | ~id``): score
+descending as a total order on fp32 bit patterns (``+0.0`` above ``-0.0``), then token id
+ascending; invalid candidates (id -1) after every valid one, valid ``-inf`` scores included.
+Exactness needs each rank's local top-k to use the same order on its own tokens (then a global
+winner is always among its owner's local candidates); the ranks agree on the result whatever
+their local order, because the selection depends only on the multiset of gathered candidates.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import torch
+from conftest import load_leaf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+TOPK_MERGE = "vllm/v1/attention/ops/dcp_topk_merge.py"
+SETTINGS = settings(max_examples=150, deadline=None)
+
+# Scores with many ties, signed zeros and infinities.
+SCORES = st.sampled_from([float("-inf"), -2.0, -0.5, -0.0, 0.0, 0.5, 1.0, 3.0, float("inf")])
+
+
+def f32_order(x: float) -> int:
+    """Total order of an fp32 bit pattern (monotone in the float value, -0.0 < +0.0)."""
+    bits = struct.unpack("<I", struct.pack("<f", x))[0]
+    return (bits ^ 0xFFFFFFFF) if bits >> 31 else (bits | 0x80000000)
+
+
+def rank_order(score: float, token: int) -> tuple[int, int]:
+    """Sort key: better candidates first."""
+    return (-f32_order(score), token)
+
+
+def owner(t: int, n: int, interleave: int) -> int:
+    return (t // interleave) % n
+
+
+@st.composite
+def sharded_rows(draw):
+    n = draw(st.integers(1, 5))
+    interleave = draw(st.sampled_from([1, 2, 3]))
+    k = draw(st.integers(1, 12))
+    width = draw(st.integers(0, 48))
+    num_rows = draw(st.integers(1, 4))
+    rows = [draw(st.lists(SCORES, min_size=width, max_size=width)) for _ in range(num_rows)]
+    lengths = [draw(st.integers(0, width)) for _ in range(num_rows)]
+    row_offsets = draw(st.booleans())
+    return n, interleave, k, width, rows, lengths, row_offsets
+
+
+def local_topk(scores: list[float], local_tokens: list[int], k: int) -> list[int]:
+    """A rank's local top-k positions in its shard, in the merge's order, -1 padded."""
+    order = sorted(range(len(local_tokens)), key=lambda p: rank_order(scores[p], p))[:k]
+    return order + [-1] * (k - len(order))
+
+
+def gather_candidates(merge, n, interleave, k, width, rows, lengths, row_offsets):
+    """Every rank's packed (score, global id) candidates, concatenated in rank order."""
+    packed = []
+    for rank in range(n):
+        owned = [t for t in range(width) if owner(t, n, interleave) == rank]
+        local_scores = [[row[t] for t in owned] for row in rows]
+        topk = torch.tensor(
+            [
+                local_topk(ls, [t for t in owned if t < length], k)
+                for ls, length in zip(local_scores, lengths, strict=True)
+            ],
+            dtype=torch.int32,
+        )
+        logits = torch.tensor(local_scores, dtype=torch.float32).view(len(rows), len(owned))
+        starts = None
+        if row_offsets:
+            # Rows at distinct column offsets of one logits buffer, as in a prefill chunk.
+            shift = 2
+            wide = torch.full((len(rows), len(owned) + shift * len(rows)), 7.0)
+            for r in range(len(rows)):
+                wide[r, r * shift : r * shift + len(owned)] = logits[r]
+            logits = wide
+            starts = torch.arange(len(rows), dtype=torch.int32) * shift
+        buf = torch.empty((len(rows), k, 2))
+        merge.pack_dcp_topk_candidates_torch(logits, topk, buf, rank, n, interleave, starts)
+        packed.append(buf)
+    return torch.cat(packed, dim=1)
+
+
+@SETTINGS
+@given(case=sharded_rows())
+def test_merge_equals_topk_over_concatenated_scores(case):
+    """For generated rank counts, interleaves, k, tie-heavy scores with +-0 and +-inf, short
+    rows (-1 candidates) and row offsets, merging the ranks' local top-k candidates gives
+    exactly the first k tokens of the whole row in (score desc, id asc) order, then -1."""
+    merge = load_leaf(TOPK_MERGE)
+    n, interleave, k, width, rows, lengths, row_offsets = case
+    gathered = gather_candidates(merge, n, interleave, k, width, rows, lengths, row_offsets)
+    merged = merge.stable_topk_from_gathered_candidates_torch(gathered, k)
+    for r, (row, length) in enumerate(zip(rows, lengths, strict=True)):
+        best = sorted(range(length), key=lambda t: rank_order(row[t], t))[:k]
+        assert merged[r].tolist() == best + [-1] * (k - len(best))
+
+
+@SETTINGS
+@given(case=sharded_rows(), data=st.data())
+def test_merge_depends_only_on_the_candidate_multiset(case, data):
+    """Permuting the gathered candidates (any gather order, any local top-k order) does not
+    change the merged row, so every rank selects the same ids."""
+    merge = load_leaf(TOPK_MERGE)
+    n, interleave, k, width, rows, lengths, row_offsets = case
+    gathered = gather_candidates(merge, n, interleave, k, width, rows, lengths, row_offsets)
+    perm = data.draw(st.permutations(range(gathered.shape[1])))
+    permuted = gathered[:, torch.tensor(perm, dtype=torch.long)]
+    a = merge.stable_topk_from_gathered_candidates_torch(gathered, k)
+    b = merge.stable_topk_from_gathered_candidates_torch(permuted.contiguous(), k)
+    assert torch.equal(a, b)
+
+
+@SETTINGS
+@given(
+    bits=st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=64),
+    ids=st.lists(st.integers(-1, 2**24), min_size=64, max_size=64),
+)
+def test_keys_equal_the_cutedsl_stable_key(bits, ids):
+    """For any fp32 bit pattern (NaNs included) and id, the int64 key plus 2**63 equals the
+    CuteDSL selector's unsigned key: ordered(bits) << 32 | ~uint32(id), and 0 for id < 0."""
+    merge = load_leaf(TOPK_MERGE)
+    scores = torch.tensor(bits, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    token_ids = torch.tensor(ids[: len(bits)], dtype=torch.int32)
+    keys = merge.dcp_topk_stable_keys(scores, token_ids).tolist()
+    for b, i, key in zip(bits, token_ids.tolist(), keys, strict=True):
+        mask = 0xFFFFFFFF if b >> 31 else 0x80000000
+        expected = 0 if i < 0 else ((b ^ mask) << 32) | (~i & 0xFFFFFFFF)
+        assert key + 2**63 == expected
+
+
+@SETTINGS
+@given(
+    rows=st.integers(1, 6),
+    candidates=st.integers(1, 40),
+    k=st.integers(1, 48),
+    chunk=st.integers(1, 200),
+    seed=st.integers(0, 2**16),
+)
+def test_row_chunking_and_short_candidate_lists(rows, candidates, k, chunk, seed):
+    """The result does not depend on the row-chunk bound, and k above the candidate count
+    pads with -1 after the sorted candidates."""
+    merge = load_leaf(TOPK_MERGE)
+    gen = torch.Generator().manual_seed(seed)
+    gathered = torch.empty((rows, candidates, 2))
+    gathered[..., 0] = torch.randint(-3, 3, (rows, candidates), generator=gen).float()
+    ids = torch.randperm(rows * candidates, generator=gen).view(rows, candidates)
+    ids[torch.rand((rows, candidates), generator=gen) < 0.2] = -1
+    gathered[..., 1] = ids.float()
+    whole = merge.stable_topk_from_gathered_candidates_torch(gathered, k)
+    chunked = merge.stable_topk_from_gathered_candidates_torch(gathered, k, max_key_elems=chunk)
+    assert torch.equal(whole, chunked)
+    for r in range(rows):
+        cands = [(float(s), int(i)) for s, i in gathered[r].tolist() if int(i) >= 0]
+        best = [i for _, i in sorted(cands, key=lambda c: rank_order(c[0], c[1]))]
+        expected = (best + [-1] * k)[:k]
+        assert whole[r].tolist() == expected
