@@ -1,0 +1,531 @@
+"""Upstream export: one submittable mbox and one PR body per patch, and the standalone check.
+
+An exported mbox is the series patch with the series-only trailers (``Upstream-Status:``,
+``Depends-on:``) removed; ``Signed-off-by:`` (DCO) and the diff are kept byte for byte. vLLM
+titles are ``[Tag] Title``; ``git am`` strips every leading ``[...]`` from a subject unless
+told otherwise, so the mbox must be applied with ``git am --keep-non-patch`` (which strips only
+``[PATCH]``), as the check does.
+
+The standalone check builds a scratch git repository of the pinned base (:mod:`patchset.gitops`)
+and, per patch, applies the mboxes of its declared dependencies and then its own with
+``git am``: a patch that only applies on top of an undeclared earlier patch is reported as
+"needs X". Where it applies, the patch's own tests under ``tests/`` run on CPU against an
+installed vLLM with the patched files laid over it (:class:`OverlayTestRunner`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal, Protocol
+
+from patchset.errors import PatchsetError, SeriesError
+from patchset.gitops import ScratchRepo
+from patchset.model import Patch
+from patchset.patchfile import serialise_header, split_patch
+
+SERIES_TRAILERS = ("upstream-status", "depends-on")
+"""Trailers that describe the patch's place in dcp-series and mean nothing upstream."""
+
+_PATCH_PREFIX = re.compile(r"^\[PATCH[^\]]*\]\s*")
+_VLLM_SUBJECT = re.compile(r"^(?:\[[^\[\]\s][^\[\]]*\])+ \S.*$")
+_SECTION = re.compile(r"^(Purpose|Test Plan|Test Result):[ \t]*(.*)$")
+_PYTEST_COUNTS = re.compile(
+    r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected|warnings?)"
+)
+
+Log = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+# -- header -> upstream form -------------------------------------------------------------------
+
+
+def upstream_subject(subject: str) -> str:
+    """The commit title upstream sees: the subject without its ``[PATCH ...]`` prefix."""
+    return _PATCH_PREFIX.sub("", subject, count=1).strip()
+
+
+def subject_problem(subject: str) -> str | None:
+    """Why the title is not in vLLM's ``[Tag] Title`` form, or None."""
+    title = upstream_subject(subject)
+    if not _VLLM_SUBJECT.match(title):
+        return f"subject {title!r} is not in vLLM's '[Tag] Title' form (e.g. '[Model] Fix x')"
+    return None
+
+
+@dataclass(frozen=True)
+class Description:
+    """A patch description split into the three parts of vLLM's PR template."""
+
+    purpose: str
+    test_plan: str
+    test_result: str
+
+
+def split_description(text: str) -> Description:
+    """Split at paragraph-initial ``Test Plan:`` / ``Test Result:`` labels (``Purpose:`` optional).
+
+    Text before the first label is the purpose; a section runs to the next label.
+    """
+    sections: dict[str, list[str]] = {"Purpose": [], "Test Plan": [], "Test Result": []}
+    current = "Purpose"
+    previous_blank = True
+    for line in text.split("\n"):
+        match = _SECTION.match(line) if previous_blank else None
+        if match:
+            current = match.group(1)
+            if match.group(2):
+                sections[current].append(match.group(2))
+        else:
+            sections[current].append(line)
+        previous_blank = not line.strip()
+    return Description(*("\n".join(sections[key]).strip() for key in sections))
+
+
+def test_files(patch: Patch) -> tuple[str, ...]:
+    """The test modules a patch adds or changes under ``tests/`` (its own vLLM-tree tests)."""
+    return tuple(
+        f.path
+        for f in patch.files
+        if f.op != "delete"
+        and f.path.startswith("tests/")
+        and re.search(r"(^|/)(test_[^/]*|[^/]*_test)\.py$", f.path)
+    )
+
+
+def export_problems(patch: Patch) -> list[str]:
+    """Every reason ``patch`` is not submittable as is (subject, DCO, Test Plan/Result)."""
+    problems = []
+    reason = subject_problem(patch.header.subject)
+    if reason:
+        problems.append(reason)
+    if not patch.header.trailer_values("Signed-off-by"):
+        problems.append("no 'Signed-off-by:' trailer (vLLM requires DCO sign-off)")
+    description = split_description(patch.header.description)
+    if not description.test_plan:
+        problems.append("description has no 'Test Plan:' paragraph")
+    if not description.test_result:
+        problems.append("description has no 'Test Result:' paragraph")
+    return problems
+
+
+def mbox_bytes(patch: Patch, data: bytes) -> bytes:
+    """The upstream mbox of ``patch`` (its file bytes ``data``): series trailers dropped."""
+    _header_text, diff = split_patch(data)
+    header = replace(
+        patch.header,
+        trailers=tuple(
+            (key, value)
+            for key, value in patch.header.trailers
+            if key.lower() not in SERIES_TRAILERS
+        ),
+    )
+    return serialise_header(header).rstrip(b"\n") + b"\n---\n" + diff
+
+
+def pr_body(patch: Patch, depends_on: Sequence[str] = ()) -> str:
+    """A PR description in vLLM's template sections, from the header and the patch's tests."""
+    description = split_description(patch.header.description)
+    tests = test_files(patch)
+    plan = description.test_plan or "(the patch states no Test Plan)"
+    if tests:
+        plan += "\n\nTests this PR adds or changes:\n" + "".join(f"- `{t}`\n" for t in tests)
+        plan += "\n```bash\npython -m pytest -q " + " ".join(tests) + "\n```"
+    result = description.test_result or "(the patch states no Test Result)"
+    parts = [
+        f"# {upstream_subject(patch.header.subject)}",
+        "## Purpose",
+        description.purpose or "(the patch states no purpose)",
+        "## Test Plan",
+        plan.rstrip(),
+        "## Test Result",
+        result,
+    ]
+    if depends_on:
+        parts += [
+            "## Depends on",
+            "Apply after: " + ", ".join(f"`{d}`" for d in depends_on) + " (dcp-series order).",
+        ]
+    parts += [
+        "---",
+        f"Exported by patchset from dcp-series `{patch.name}` "
+        f"(sha256 {patch.sha256[:16]}); apply with `git am --keep-non-patch`.",
+    ]
+    return "\n\n".join(parts) + "\n"
+
+
+# -- selection and dependencies ----------------------------------------------------------------
+
+
+def select(patches: tuple[Patch, ...], names: Sequence[str]) -> tuple[Patch, ...]:
+    """The named patches in series order (all when ``names`` is empty)."""
+    if not names:
+        return patches
+    known = {p.name for p in patches}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SeriesError(
+            f"not in series: {', '.join(unknown)}", hint="name patches as series lists them"
+        )
+    wanted = set(names)
+    return tuple(p for p in patches if p.name in wanted)
+
+
+def dependency_closure(patch: Patch, patches: tuple[Patch, ...]) -> tuple[Patch, ...]:
+    """The patches ``patch`` declares it depends on, transitively, in series order."""
+    by_name = {p.name: p for p in patches}
+    needed: set[str] = set()
+    stack = list(patch.header.depends_on)
+    while stack:
+        name = stack.pop()
+        if name in needed:
+            continue
+        if name not in by_name:
+            raise SeriesError(f"{patch.name}: Depends-on {name} is not in the series")
+        needed.add(name)
+        stack.extend(by_name[name].header.depends_on)
+    return tuple(p for p in patches if p.name in needed)
+
+
+# -- writing -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Exported:
+    """The files written for one patch."""
+
+    name: str
+    mbox: Path
+    pr_body: Path
+    title: str
+    depends_on: tuple[str, ...]
+    tests: tuple[str, ...]
+    problems: tuple[str, ...]
+
+
+def export_patches(
+    repo: Path, patches: tuple[Patch, ...], selected: tuple[Patch, ...], dest: Path
+) -> list[Exported]:
+    """Write ``<dest>/<target>/<stem>.mbox`` and ``.pr.md`` for every selected patch."""
+    out = []
+    for patch in selected:
+        data = (repo / "patches" / patch.name).read_bytes()
+        deps = tuple(p.name for p in dependency_closure(patch, patches))
+        stem = dest / patch.name.removesuffix(".patch")
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        mbox = stem.with_name(stem.name + ".mbox")
+        body = stem.with_name(stem.name + ".pr.md")
+        _write(mbox, mbox_bytes(patch, data))
+        _write(body, pr_body(patch, deps).encode("utf-8"))
+        out.append(
+            Exported(
+                patch.name,
+                mbox,
+                body,
+                upstream_subject(patch.header.subject),
+                deps,
+                test_files(patch),
+                tuple(export_problems(patch)),
+            )
+        )
+    return out
+
+
+def _write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+# -- standalone check --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TestRun:
+    """The patch's own tests on CPU: ``ok`` None means not run (``summary`` says why)."""
+
+    __test__ = False  # not a pytest test class
+
+    files: tuple[str, ...]
+    ok: bool | None
+    summary: str
+    output_tail: tuple[str, ...] = ()
+
+
+class TestRunner(Protocol):
+    __test__ = False  # not a pytest test class
+
+    def __call__(self, tree: Path, changed: Sequence[str], tests: Sequence[str]) -> TestRun: ...
+
+
+Verdict = Literal["ok", "needs", "fails"]
+
+
+@dataclass(frozen=True)
+class Standalone:
+    """Whether a patch applies with only its declared dependencies, and its tests there."""
+
+    name: str
+    verdict: Verdict
+    depends_on: tuple[str, ...]
+    needs: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+    tests: TestRun | None = None
+
+    def describe(self) -> str:
+        if self.verdict == "ok" and not self.problems:
+            return "standalone OK"
+        if self.verdict == "ok":
+            return "applies; " + "; ".join(self.problems)
+        if self.verdict == "needs":
+            return "needs " + ", ".join(self.needs) + " (declare Depends-on)"
+        return "does not apply: " + (self.problems[0] if self.problems else "see -v")
+
+    @property
+    def passed(self) -> bool:
+        return (
+            self.verdict == "ok"
+            and not self.problems
+            and (self.tests is None or self.tests.ok is not False)
+        )
+
+
+def check_standalone(
+    patches: tuple[Patch, ...],
+    selected: tuple[Patch, ...],
+    mboxes: dict[str, bytes],
+    base_trees: dict[str, Path],
+    workdir: Path,
+    *,
+    run_tests: TestRunner | None = None,
+    log: Log = _quiet,
+) -> list[Standalone]:
+    """Apply each selected patch with ``git am`` to a scratch repo of its target's base plus its
+    declared dependencies; on failure find the undeclared earlier patches it needs."""
+    results: list[Standalone] = []
+    repos: dict[str, tuple[ScratchRepo, str]] = {}
+    for patch in selected:
+        target = patch.target
+        if target not in repos:
+            if target not in base_trees:
+                raise PatchsetError(f"no base tree for target {target}")
+            log(f"Importing the {target} base into a scratch repository under {workdir}")
+            repo = ScratchRepo.create(workdir / target)
+            base = repo.import_tree(base_trees[target], f"{target} base")
+            repos[target] = (repo, base)
+        repo, base = repos[target]
+        log(f"Checking {patch.name} standalone")
+        results.append(_check_one(repo, base, patch, patches, mboxes, run_tests))
+    return results
+
+
+def _apply_chain(repo: ScratchRepo, base: str, chain: Sequence[Patch], mboxes: dict[str, bytes]):
+    """Check out ``base`` and ``git am`` every patch of ``chain``; return the first failure."""
+    repo.checkout(base)
+    for patch in chain:
+        result = repo.am(mboxes[patch.name])
+        if not result.ok:
+            repo.abort_am()
+            return patch, result
+    return None
+
+
+def _check_one(
+    repo: ScratchRepo,
+    base: str,
+    patch: Patch,
+    patches: tuple[Patch, ...],
+    mboxes: dict[str, bytes],
+    run_tests: TestRunner | None,
+) -> Standalone:
+    deps = dependency_closure(patch, patches)
+    dep_names = tuple(p.name for p in deps)
+    failure = _apply_chain(repo, base, (*deps, patch), mboxes)
+    if failure is not None:
+        failed, result = failure
+        if failed is not patch:
+            return Standalone(
+                patch.name,
+                "fails",
+                dep_names,
+                problems=(f"declared dependency {failed.name} does not apply",),
+            )
+        needs = _find_needed(repo, base, patch, patches, deps, mboxes)
+        if needs:
+            return Standalone(patch.name, "needs", dep_names, needs=needs)
+        return Standalone(patch.name, "fails", dep_names, problems=tuple(result.tail(6)))
+    problems = []
+    want = upstream_subject(patch.header.subject)
+    if repo.subject() != want:
+        problems.append(f"git am made subject {repo.subject()!r}, want {want!r}")
+    if "Signed-off-by: " not in repo.message():
+        problems.append("commit has no Signed-off-by after git am")
+    tests = None
+    files = test_files(patch)
+    if run_tests is not None and files:
+        changed = repo.changed_paths(base, "HEAD")
+        tests = run_tests(repo.path, changed, files)
+    elif files:
+        tests = TestRun(files, None, "not run (no test runner)")
+    return Standalone(patch.name, "ok", dep_names, problems=tuple(problems), tests=tests)
+
+
+def _find_needed(
+    repo: ScratchRepo,
+    base: str,
+    patch: Patch,
+    patches: tuple[Patch, ...],
+    deps: tuple[Patch, ...],
+    mboxes: dict[str, bytes],
+) -> tuple[str, ...]:
+    """The earlier patches (touching the same files) that make ``patch`` apply, or ()."""
+    earlier = patches[: patches.index(patch)]
+    touched = set(patch.paths)
+    candidates: list[Patch] = []
+    grew = True
+    while grew:
+        grew = False
+        for other in earlier:
+            if other.target != patch.target or other in candidates:
+                continue
+            if touched & set(other.paths):
+                candidates.append(other)
+                touched |= set(other.paths)
+                grew = True
+    chosen = {p.name for p in candidates} | {p.name for p in deps}
+    for candidate in list(candidates):
+        chosen |= {p.name for p in dependency_closure(candidate, patches)}
+    chain = tuple(p for p in earlier if p.name in chosen)
+    if not candidates or _apply_chain(repo, base, (*chain, patch), mboxes) is not None:
+        return ()
+    declared = {p.name for p in deps}
+    return tuple(p.name for p in chain if p.name not in declared)
+
+
+# -- running a patch's tests on CPU ------------------------------------------------------------
+
+
+def installed_package_dir(python: str, package: str = "vllm") -> Path | None:
+    """Where ``python`` would import ``package`` from (found without importing it), or None."""
+    if python == sys.executable:
+        spec = importlib.util.find_spec(package)
+        locations = spec.submodule_search_locations if spec else None
+        return Path(list(locations)[0]) if locations else None
+    code = (
+        "import importlib.util as u, sys; s = u.find_spec(sys.argv[1]); "
+        "print(list(s.submodule_search_locations)[0] if s and s.submodule_search_locations "
+        "else '')"
+    )
+    try:
+        proc = subprocess.run(
+            [python, "-c", code, package], capture_output=True, text=True, check=False
+        )
+    except OSError:
+        return None
+    found = proc.stdout.strip()
+    return Path(found) if proc.returncode == 0 and found else None
+
+
+def overlay_package(installed: Path, tree: Path, changed: Sequence[str], dest: Path) -> Path:
+    """A copy of ``installed`` made of symlinks, with the tree's ``changed`` files laid over it.
+
+    ``changed`` are tree-relative paths; those under the package directory replace (or add, or
+    remove) the installed file. Returns the directory to put on ``PYTHONPATH``.
+    """
+    package = installed.name
+    root = dest / "overlay"
+    target = root / package
+    for dirpath, _dirs, files in os.walk(installed):
+        rel = Path(dirpath).relative_to(installed)
+        (target / rel).mkdir(parents=True, exist_ok=True)
+        for name in files:
+            os.symlink(Path(dirpath) / name, target / rel / name)
+    for path in changed:
+        if not path.startswith(package + "/"):
+            continue
+        out = root / path
+        if out.is_symlink() or out.exists():
+            out.unlink()
+        source = tree / path
+        if source.is_file():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, out)
+    return root
+
+
+@dataclass
+class OverlayTestRunner:
+    """Run a patch's tests with ``python -m pytest`` against an installed vLLM plus the patch.
+
+    The installed package (``python``'s ``vllm``) is laid under the patched files in a symlink
+    overlay on ``PYTHONPATH``; the tree's ``tests/`` is copied next to nothing else, so pytest
+    cannot import the source tree's ``vllm/`` instead. ``extra_path`` is prepended to
+    ``PYTHONPATH`` after the overlay (e.g. vLLM test-only dependencies).
+    """
+
+    python: str = sys.executable
+    workdir: Path | None = None
+    extra_path: str = ""
+    timeout_s: int = 1800
+    env: dict[str, str] | None = None
+    installed: Path | None = None
+    """The installed package directory (default: where ``python`` imports ``vllm`` from)."""
+
+    def __call__(self, tree: Path, changed: Sequence[str], tests: Sequence[str]) -> TestRun:
+        files = tuple(tests)
+        installed = self.installed or installed_package_dir(self.python)
+        if installed is None:
+            return TestRun(files, None, f"not run: {self.python} has no vllm installed")
+        with tempfile.TemporaryDirectory(dir=self.workdir, prefix="tests-") as tmp:
+            run = Path(tmp)
+            overlay = overlay_package(installed, tree, changed, run)
+            shutil.copytree(tree / "tests", run / "run" / "tests", symlinks=True)
+            env = {**os.environ, **(self.env or {})}
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(overlay), self.extra_path) if p)
+            argv = [self.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
+            try:
+                proc = subprocess.run(
+                    argv,
+                    cwd=run / "run",
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=self.timeout_s,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired:
+                return TestRun(files, False, f"timed out after {self.timeout_s} s")
+        lines = (proc.stdout + proc.stderr).strip().splitlines()
+        return TestRun(files, proc.returncode == 0, pytest_summary(lines), tuple(lines[-15:]))
+
+
+def pytest_summary(lines: Sequence[str]) -> str:
+    """pytest's final counts line (e.g. ``21 passed in 7.7s``), or its last line."""
+    for line in reversed(lines):
+        if _PYTEST_COUNTS.search(line) and " in " in line:
+            return line.strip("= ").strip()
+    return lines[-1].strip() if lines else "no output"
+
+
+def table(results: Sequence[Standalone]) -> list[str]:
+    """The check table: patch -> standalone verdict -> tests."""
+    rows = [("patch", "standalone", "tests")]
+    for r in results:
+        tests = "-" if r.tests is None else r.tests.summary
+        if r.tests is not None and r.tests.ok is False:
+            tests = "FAILED: " + tests
+        rows.append((r.name, r.describe(), tests))
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    return [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c}".rstrip() for a, b, c in rows]
