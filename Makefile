@@ -1,0 +1,88 @@
+# dcp-series: every target runs the tool from the repository venv .venv (`make setup`).
+#
+#   make wheel                 fetch the pins, apply + verify the series on build/vllm,
+#                              build dist/vllm-0.26.0+dcp.<digest>-...whl and dist/receipt.json
+#   make test                  lock check, tool tests, a fresh test venv with the overlay wheel
+#                              installed (pip), the proofs and the vLLM-tree tests against it
+#   make apply|verify VLLM=<path>   apply / verify the series on another vLLM tree
+#   make proofs | lint | bench-tool | setup | clean
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PATCHSET := $(PY) -m patchset
+VLLM ?= build/vllm
+TESTENV ?= build/testenv
+TESTPY := $(TESTENV)/bin/python
+# Set REUSE_TESTENV=1 to keep a test venv that already has the same wheel installed.
+REUSE_TESTENV ?=
+# Set FETCH_FROM=<dir> to seed the download cache from local copies (still hash-checked).
+FETCH_FROM ?=
+PYTEST_ARGS ?=
+
+STAMP := $(VENV)/.dcp-setup
+
+.PHONY: setup fetch apply verify wheel lock-check tool-tests testenv proofs tree-tests test \
+	lint bench-tool clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --disable-pip-version-check -q -e '.[test]'
+	touch $@
+
+fetch: setup
+	$(PATCHSET) fetch $(if $(FETCH_FROM),--from $(FETCH_FROM))
+
+# apply exits 2 when the series is already applied: that is success here.
+apply: fetch
+	$(PATCHSET) apply --tree $(VLLM) || test $$? -eq 2
+
+verify: setup
+	$(PATCHSET) verify --tree $(VLLM)
+
+wheel: apply verify
+	$(PATCHSET) wheel --tree $(VLLM)
+
+lock-check: setup
+	$(PATCHSET) lock --check
+
+RUN_TOOL_TESTS = PATCHSET_TEST_VENV=$(abspath $(TESTENV)) \
+	$(PY) -m pytest -v -rfEs -p no:cacheprovider tests $(PYTEST_ARGS)
+RUN_PROOFS = DCP_VLLM_TREE=$(abspath $(VLLM)) TRITON_INTERPRET=1 \
+	$(TESTPY) -m pytest -v -rfEs -p no:cacheprovider proofs $(PYTEST_ARGS)
+RUN_TREE_TESTS = $(PY) tests/vllm_tree_tests.py run --tree $(VLLM) --venv $(TESTENV)
+
+# Tool tests; the end-to-end ones that need the test venv skip (with the reason) without it.
+tool-tests: setup
+	$(RUN_TOOL_TESTS)
+
+testenv: wheel
+	$(PY) tests/vllm_tree_tests.py venv --venv $(TESTENV) $(if $(REUSE_TESTENV),--reuse)
+
+proofs: testenv
+	$(RUN_PROOFS)
+
+tree-tests: testenv
+	$(RUN_TREE_TESTS)
+
+# All suites run even if one fails; PATCHSET_E2E=require turns any end-to-end skip into a failure.
+test: lock-check testenv
+	@rc=0; \
+	echo "== tool tests (tests/)"; PATCHSET_E2E=require $(RUN_TOOL_TESTS) || rc=1; \
+	echo "== proofs (proofs/) with $(TESTPY)"; $(RUN_PROOFS) || rc=1; \
+	echo "== vLLM-tree tests against the installed overlay wheel"; $(RUN_TREE_TESTS) || rc=1; \
+	if [ $$rc -ne 0 ]; then echo "make test: FAILED (see above)"; else echo "make test: all passed"; fi; \
+	exit $$rc
+
+lint: setup
+	$(PY) -m ruff check tools tests scripts proofs
+	$(PY) -m ruff format --check tools tests scripts proofs
+	$(PATCHSET) lock --check
+
+bench-tool: setup fetch
+	$(PY) scripts/bench_tool.py
+
+clean:
+	rm -rf build/vllm build/base build/testenv dist

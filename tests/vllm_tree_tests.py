@@ -1,0 +1,153 @@
+"""Run the tests the series adds to vLLM's ``tests/`` tree against the INSTALLED overlay wheel.
+
+Three steps, each a subcommand (``make test`` runs them in this order):
+
+``venv``  create a fresh virtual environment and ``pip install`` the overlay wheel named by
+          ``dist/receipt.json`` (torch and every other dependency come from the index; pip's
+          downloads are cached in ``.cache/pip``), plus the test tools the vLLM tests need.
+          ``--reuse`` keeps an existing environment whose marker names the same wheel sha256.
+``list``  print the test files the series adds or changes (touched ``tests/**/test_*.py`` of
+          the vllm patches that exist after the series).
+``run``   copy the tree's ``tests/`` into a temporary directory (so the tree's ``vllm/`` source
+          directory is never importable), and run exactly those files with the environment's
+          Python; every file is printed before it runs and pytest reports every outcome.
+
+The marker ``<venv>/dcp-wheel.json`` records the installed wheel's file name and sha256; the
+end-to-end tests read it to find the environment and prove what it imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools"))
+
+from patchset.hashing import sha256_file  # noqa: E402
+from patchset.series import for_target, load_series  # noqa: E402
+
+MARKER = "dcp-wheel.json"
+TEST_TOOLS = ("pytest>=8", "hypothesis>=6.100", "tblib")
+"""Installed next to the wheel: pytest, hypothesis (the proofs), tblib (vLLM's tests/conftest)."""
+
+
+def series_test_files(root: Path, tree: Path) -> list[str]:
+    """The vLLM-tree test files the series adds or changes and that exist after it, sorted."""
+    touched = {
+        f.path
+        for patch in for_target(load_series(root), "vllm")
+        for f in patch.files
+        if f.path.startswith("tests/")
+    }
+    return sorted(
+        path
+        for path in touched
+        if path.rsplit("/", 1)[-1].startswith("test_")
+        and path.endswith(".py")
+        and (tree / path).is_file()
+    )
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def read_marker(venv: Path) -> dict[str, str] | None:
+    try:
+        data: dict[str, str] = json.loads((venv / MARKER).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return data
+
+
+def make_venv(receipt_path: Path, venv: Path, *, reuse: bool) -> int:
+    receipt = json.loads(receipt_path.read_text())
+    wheel = receipt_path.parent / receipt["wheel"]["filename"]
+    actual = sha256_file(wheel)
+    if actual != receipt["wheel"]["sha256"]:
+        print(f"error: {wheel} has sha256 {actual}, the receipt says {receipt['wheel']['sha256']}")
+        return 1
+    marker = read_marker(venv)
+    if reuse and marker and marker.get("sha256") == actual and venv_python(venv).exists():
+        print(f"testenv: reusing {venv} (it has {wheel.name} installed)")
+        return 0
+    if venv.exists():
+        print(f"testenv: removing {venv}")
+        shutil.rmtree(venv)
+    start = time.monotonic()
+    print(f"testenv: creating {venv} and installing {wheel.name} with its dependencies")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    env = {**os.environ, "PIP_CACHE_DIR": str(REPO / ".cache" / "pip")}
+    env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+    cmd = [str(venv_python(venv)), "-m", "pip", "install", "--progress-bar", "off", "-q"]
+    proc = subprocess.run([*cmd, str(wheel), *TEST_TOOLS], env=env, check=False)
+    if proc.returncode != 0:
+        print(f"error: pip install failed (exit {proc.returncode})")
+        return proc.returncode
+    (venv / MARKER).write_text(
+        json.dumps(
+            {"filename": wheel.name, "sha256": actual, "version": receipt["wheel"]["version"]}
+        )
+    )
+    print(f"testenv: ready in {time.monotonic() - start:.0f} s")
+    return 0
+
+
+def run_tests(root: Path, tree: Path, venv: Path, pytest_args: Sequence[str]) -> int:
+    files = series_test_files(root, tree)
+    if not files:
+        print("vLLM-tree tests: the series adds no test files under tests/: nothing to run")
+        return 0
+    marker = read_marker(venv)
+    if marker is None:
+        print(f"error: {venv} has no {MARKER}; run `{Path(__file__).name} venv` first")
+        return 1
+    print(f"vLLM-tree tests: {len(files)} file(s) from the series, against {marker['filename']}")
+    for path in files:
+        print(f"  {path}")
+    with tempfile.TemporaryDirectory(prefix="vllm-tree-tests-") as tmp:
+        work = Path(tmp)
+        shutil.copytree(tree / "tests", work / "tests", symlinks=True)
+        # vLLM's pytest settings (markers) without its source tree.
+        shutil.copyfile(tree / "pyproject.toml", work / "pyproject.toml")
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        env.pop("PYTHONPATH", None)
+        cmd = [str(venv_python(venv)), "-m", "pytest", "-v", "-rA", "-p", "no:cacheprovider"]
+        proc = subprocess.run([*cmd, *pytest_args, *files], cwd=work, env=env, check=False)
+    return proc.returncode
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("venv", help="create the test environment with the overlay wheel")
+    p.add_argument("--receipt", type=Path, default=REPO / "dist" / "receipt.json")
+    p.add_argument("--venv", type=Path, default=REPO / "build" / "testenv")
+    p.add_argument("--reuse", action="store_true", help="keep an env with the same wheel")
+    p = sub.add_parser("list", help="print the series' vLLM-tree test files")
+    p.add_argument("--tree", type=Path, default=REPO / "build" / "vllm")
+    p = sub.add_parser("run", help="run the series' vLLM-tree tests against the installed wheel")
+    p.add_argument("--tree", type=Path, default=REPO / "build" / "vllm")
+    p.add_argument("--venv", type=Path, default=REPO / "build" / "testenv")
+    p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    args = parser.parse_args(argv)
+    if args.command == "venv":
+        return make_venv(args.receipt.resolve(), args.venv.resolve(), reuse=args.reuse)
+    if args.command == "list":
+        for path in series_test_files(REPO, args.tree.resolve()):
+            print(path)
+        return 0
+    return run_tests(REPO, args.tree.resolve(), args.venv.resolve(), args.pytest_args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
