@@ -1,0 +1,77 @@
+"""refresh: the patch is rewritten from the tree, deterministically, and still applies."""
+
+from __future__ import annotations
+
+from conftest import Workspace, patch_bytes, snapshot
+from patchset.series import load_series
+
+BASE = {"a.py": b"".join(b"line %d\n" % i for i in range(30)), "b.py": b"b\n"}
+A1 = BASE["a.py"].replace(b"line 3\n", b"line three\n")
+
+
+def patches() -> list[tuple[str, bytes]]:
+    return [
+        ("vllm/0001-a.patch", patch_bytes({"a.py": (BASE["a.py"], A1)})),
+        ("vllm/0002-b.patch", patch_bytes({"b.py": (b"b\n", b"bee\n")})),
+    ]
+
+
+def test_refresh_rewrites_diff_keeps_header_and_updates_lock(ws: Workspace, capsys) -> None:
+    ws.setup(BASE, patches())
+    patch_path = ws.repo / "patches/vllm/0001-a.patch"
+    header = patch_path.read_bytes().split(b"diff --git")[0]
+    assert ws.cli("apply") == 0
+    edited = A1.replace(b"line 20\n", b"line twenty\n") + b"no newline"
+    (ws.tree / "a.py").write_bytes(edited)
+    assert ws.cli("refresh", "vllm/0001-a.patch") == 0
+    data = patch_path.read_bytes()
+    assert data.startswith(header) and b"+line twenty\n" in data
+    assert b"\\ No newline at end of file\n" in data
+    assert ws.cli("lock", "--check") == 0
+    assert ws.cli("verify") == 0
+    assert ws.cli("refresh", "vllm/0001-a.patch") == 2
+    assert patch_path.read_bytes() == data
+    # The refreshed patch applies to a fresh base tree and gives the edited bytes.
+    assert ws.cli("unapply") == 0
+    assert (ws.tree / "a.py").read_bytes() == BASE["a.py"]
+    assert ws.cli("apply") == 0
+    assert (ws.tree / "a.py").read_bytes() == edited
+
+
+def test_refresh_is_deterministic_across_trees(ws: Workspace) -> None:
+    ws.setup(BASE, patches())
+    assert ws.cli("apply") == 0
+    (ws.tree / "b.py").write_bytes(b"bee\nsecond\n")
+    assert ws.cli("refresh", "vllm/0002-b.patch") == 0
+    first = (ws.repo / "patches/vllm/0002-b.patch").read_bytes()
+    state_first = snapshot(ws.tree)
+    assert ws.cli("unapply") == 0
+    assert ws.cli("apply") == 0
+    assert snapshot(ws.tree) == state_first
+    assert ws.cli("refresh", "vllm/0002-b.patch") == 2
+    assert (ws.repo / "patches/vllm/0002-b.patch").read_bytes() == first
+
+
+def test_refresh_refuses_when_a_later_applied_patch_touches_the_file(ws, capsys) -> None:
+    ws.setup(
+        BASE,
+        patches() + [("vllm/0003-a-again.patch", patch_bytes({"a.py": (A1, A1 + b"tail\n")}))],
+    )
+    assert ws.cli("apply") == 0
+    before = (ws.repo / "patches/vllm/0001-a.patch").read_bytes()
+    assert ws.cli("refresh", "vllm/0001-a.patch") == 1
+    err = capsys.readouterr().err
+    assert "not the topmost applied patch" in err and "vllm/0003-a-again.patch" in err
+    assert (ws.repo / "patches/vllm/0001-a.patch").read_bytes() == before
+
+
+def test_refresh_of_a_new_file_writes_a_new_file_diff(ws: Workspace) -> None:
+    ws.setup(BASE, [("vllm/0001-n.patch", patch_bytes({"pkg/n.py": (None, b"x\n")}))])
+    assert ws.cli("apply") == 0
+    (ws.tree / "pkg/n.py").write_bytes(b"x\ny\n")
+    assert ws.cli("refresh", "vllm/0001-n.patch") == 0
+    (patch,) = load_series(ws.repo)
+    assert patch.files[0].op == "add"
+    assert ws.cli("verify") == 0
+    assert ws.cli("unapply") == 0
+    assert not (ws.tree / "pkg").exists()
