@@ -56,8 +56,11 @@ def _short(digest: str | None) -> str:
     return digest[:12] if digest else "absent"
 
 
-def check_stack(state: TreeState | None, patches: tuple[Patch, ...], target: str) -> None:
-    """Refuse a tree whose applied stack is not a prefix of the target's current series."""
+def check_stack(
+    state: TreeState | None, patches: tuple[Patch, ...], target: str, upto: int | None = None
+) -> None:
+    """Refuse a tree whose applied stack (its first ``upto`` entries) is not a prefix of the
+    target's current series, patch files unchanged."""
     if state is None:
         return
     if state.target != target:
@@ -65,7 +68,7 @@ def check_stack(state: TreeState | None, patches: tuple[Patch, ...], target: str
             f"tree holds {state.target} patches, not {target}", hint=f"pass --target {state.target}"
         )
     names = [p.name for p in patches]
-    for index, applied in enumerate(state.applied):
+    for index, applied in enumerate(state.applied[:upto]):
         if index >= len(names) or names[index] != applied.name:
             raise TreeStateError(
                 f"applied patch {applied.name} is not number {index + 1} of the series any more",
@@ -309,18 +312,16 @@ def unapply_series(
         state = read_state(tree.root)
         if state is None:
             raise NothingToDo(f"{tree.root}: no patch is applied", hint="patchset apply")
-        check_stack(state, patches, target)
-        keep = len(state.applied)
+        names = list(state.applied_names)
+        keep = 0
         if upto is not None:
-            names = list(state.applied_names)
             if upto not in names:
                 raise NothingToDo(
                     f"--upto {upto}: not applied to {tree.root}",
                     hint="patchset status lists what is applied",
                 )
             keep = names.index(upto) + 1
-        else:
-            keep = 0
+        check_stack(state, patches, target, upto=keep)
         removing = state.applied[keep:]
         if not removing:
             raise NothingToDo(f"{tree.root}: nothing above {upto} is applied")
@@ -340,27 +341,42 @@ def unapply_series(
                 hint="restore them, or record the edits with patchset refresh",
                 details=drift,
             )
-        contents = dict(current)
+        changed = [
+            a.name
+            for a in removing
+            if a.name not in by_name or by_name[a.name].sha256 != a.images.sha256
+        ]
         total = len(state.applied)
-        for index in range(len(state.applied) - 1, keep - 1, -1):
-            applied = state.applied[index]
-            patch = by_name[applied.name]
-            log(f"Unapplying {patch.name} ({index + 1}/{total})")
-            for fp in reversed(patch.files):
-                try:
-                    pre = apply_file(contents[fp.path], reverse(fp))
-                except PatchDoesNotApply as exc:
-                    raise PatchDoesNotApply(
-                        f"{patch.name} does not reverse: {exc.message}; nothing was changed"
-                    ) from None
-                image = applied.images.image(fp.path)
-                if image is None or _sha(pre) != image.pre:
-                    raise HashMismatch(
-                        f"{patch.name}: {fp.path}: reversed to {_short(_sha(pre))}, not the "
-                        f"recorded preimage {_short(image.pre if image else None)}; "
-                        "nothing was changed"
-                    )
-                contents[fp.path] = pre
+        if changed:
+            log(
+                f"{', '.join(changed)} changed on disk since applied: "
+                "restoring from the pristine copies in .patchset/base"
+            )
+            for index in range(total - 1, keep - 1, -1):
+                log(f"Unapplying {state.applied[index].name} ({index + 1}/{total})")
+            read = stack_reader(tree, state, by_name, keep)
+            contents = {path: read(path) for path in touched}
+        else:
+            contents = dict(current)
+            for index in range(total - 1, keep - 1, -1):
+                applied = state.applied[index]
+                log(f"Unapplying {applied.name} ({index + 1}/{total})")
+                contents = _reverse_one(by_name[applied.name], applied, contents)
+        firsts: dict[str, str | None] = {}
+        for applied in removing:
+            for image in applied.images.files:
+                firsts.setdefault(image.path, image.pre)
+        wrong = [
+            f"{path}: restored {_short(_sha(contents[path]))}, recorded preimage "
+            f"{_short(firsts[path])}"
+            for path in touched
+            if _sha(contents[path]) != firsts[path]
+        ]
+        if wrong:
+            raise HashMismatch(
+                f"{len(wrong)} file(s) would not be back at their preimages; nothing was changed",
+                details=wrong,
+            )
         remaining = state.applied[:keep]
         still = {i.path for a in remaining for i in a.images.files}
         writer = _Writer(tree)
@@ -391,6 +407,55 @@ def unapply_series(
             raise
         log(f"Unapplied {len(removing)} patch(es) from {tree.root}: {writer.count} file(s) written")
         return Outcome(tuple(a.name for a in reversed(removing)), writer.count, state.git_head)
+
+
+def _reverse_one(
+    patch: Patch, applied: AppliedPatch, contents: dict[str, bytes | None]
+) -> dict[str, bytes | None]:
+    out = dict(contents)
+    for fp in reversed(patch.files):
+        try:
+            pre = apply_file(out[fp.path], reverse(fp))
+        except PatchDoesNotApply as exc:
+            raise PatchDoesNotApply(
+                f"{patch.name} does not reverse: {exc.message}; nothing was changed"
+            ) from None
+        image = applied.images.image(fp.path)
+        if image is None or _sha(pre) != image.pre:
+            raise HashMismatch(
+                f"{patch.name}: {fp.path}: reversed to {_short(_sha(pre))}, not the "
+                f"recorded preimage {_short(image.pre if image else None)}; nothing was changed"
+            )
+        out[fp.path] = pre
+    return out
+
+
+def stack_reader(
+    tree: Tree, state: TreeState, patches: dict[str, Patch], upto: int
+) -> Callable[[str], bytes | None]:
+    """Reads a path as it was with only the first ``upto`` applied patches applied.
+
+    Starts from the pristine copy under ``.patchset/base/`` (checked against its recorded hash)
+    or, for a path no applied patch touched, the tree's own file.
+    """
+
+    def read(path: str) -> bytes | None:
+        if path not in state.backups:
+            return tree.read(path)
+        recorded = state.backups[path]
+        data = backup_path(tree.root, path).read_bytes() if recorded else None
+        if _sha(data) != recorded:
+            raise HashMismatch(
+                f".patchset/base/{path}: pristine copy does not match its recorded hash",
+                hint="the state cannot be trusted; restore the tree from its base",
+            )
+        for applied in state.applied[:upto]:
+            for fp in patches[applied.name].files:
+                if fp.path == path:
+                    data = apply_file(data, fp)
+        return data
+
+    return read
 
 
 def _backup_dirs(root: Path) -> list[str]:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from patchset import __version__
-from patchset.apply import apply_series, unapply_series
+from patchset.apply import apply_series, stack_reader, unapply_series
 from patchset.errors import LockError, NothingToDo, PatchsetError, TreeStateError
 from patchset.lockfile import (
     BaseReader,
@@ -25,7 +26,7 @@ from patchset.lockfile import (
     write_lock,
 )
 from patchset.model import TARGETS, Lock, Patch
-from patchset.refresh import preimages, refresh_patch, write_file_atomic
+from patchset.refresh import refresh_patch, write_file_atomic
 from patchset.series import for_target, load_series
 from patchset.state import read_state
 from patchset.tree import Tree
@@ -87,18 +88,24 @@ def cmd_apply(args: argparse.Namespace, repo: Path) -> int:
     patches = for_target(load_series(repo), target)
     lock = load_lock(repo)
     tree = _tree(args, repo, target)
-    if not tree.root.exists():
+    created = not tree.root.exists()
+    if created:
         _create_tree(tree, repo, target)
-    outcome = apply_series(
-        tree,
-        patches,
-        lock,
-        target=target,
-        upto=args.upto,
-        base_pin=_base_pin(repo, target),
-        timeout=args.wait,
-        log=_info,
-    )
+    try:
+        outcome = apply_series(
+            tree,
+            patches,
+            lock,
+            target=target,
+            upto=args.upto,
+            base_pin=_base_pin(repo, target),
+            timeout=args.wait,
+            log=_info,
+        )
+    except BaseException:
+        if created:
+            shutil.rmtree(tree.root, ignore_errors=True)
+        raise
     if outcome.git_head:
         _info(f"git checkout at {outcome.git_head}")
     return 0
@@ -168,7 +175,7 @@ def cmd_refresh(args: argparse.Namespace, repo: Path) -> int:
         args,
         repo,
         series,
-        tree_view={target: preimages(tree, state, {p.name: p for p in series}, 0)},
+        tree_view={target: stack_reader(tree, state, {p.name: p for p in series}, 0)},
     )
     _write_lock(repo, series, bases)
     return 0 if result.changed else 2
@@ -346,6 +353,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if exc.hint:
             print(f"hint: {exc.hint}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:
+        print(f"patchset: error: {exc}", file=sys.stderr)
+        print(
+            "hint: apply/unapply roll back their writes; patchset status shows the tree",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

@@ -15,12 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from patchset.apply import stack_reader
 from patchset.diffparse import NULL_BLOB, apply_file, split_lines
 from patchset.errors import HashMismatch, PatchFormatError, TreeStateError
 from patchset.hashing import git_blob_id, sha256_bytes
-from patchset.model import FileImage, Patch, PatchImages, TreeState
+from patchset.model import FileImage, Patch, PatchImages
 from patchset.series import parse_patch
-from patchset.state import backup_path, read_state, write_state
+from patchset.state import read_state, write_state
 from patchset.tree import Tree
 from patchset.treelock import DEFAULT_TIMEOUT_S, tree_lock
 
@@ -82,24 +83,6 @@ class Refreshed:
     changed: bool
 
 
-def preimages(tree: Tree, state: TreeState, patches: dict[str, Patch], upto: int) -> Callable:
-    """A reader of each path as it was before applied patch number ``upto`` (0-based)."""
-
-    def read(path: str) -> bytes | None:
-        if path not in state.backups:
-            return tree.read(path)
-        data = backup_path(tree.root, path).read_bytes() if state.backups[path] else None
-        if (None if data is None else sha256_bytes(data)) != state.backups[path]:
-            raise HashMismatch(f".patchset/base/{path}: backup does not match its recorded hash")
-        for applied in state.applied[:upto]:
-            for fp in patches[applied.name].files:
-                if fp.path == path:
-                    data = apply_file(data, fp)
-        return data
-
-    return read
-
-
 def refresh_patch(
     tree: Tree,
     patches: tuple[Patch, ...],
@@ -137,7 +120,7 @@ def refresh_patch(
                 hint=f"patchset unapply --upto {name}, then refresh",
                 details=later,
             )
-        read_pre = preimages(tree, state, by_name, index)
+        read_pre = stack_reader(tree, state, by_name, index)
         diffs: list[bytes] = []
         images: list[FileImage] = []
         checks: list[tuple[str, bytes | None, bytes | None]] = []
