@@ -364,3 +364,85 @@ def test_tiny_overlay_wheel_installs_with_pip(fx: Fixture, tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (target / "vllm" / "new.py").read_bytes() == b"NEW = 1\n"
     assert (target / f"vllm-{built.version}.dist-info" / "METADATA").is_file()
+
+
+# ----------------------------------------------------------------------------- the CLI command
+
+
+def _tiny_sdist(files: Mapping[str, bytes]) -> bytes:
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for rel, data in sorted(files.items()):
+            info = tarfile.TarInfo(f"vllm-0.26.0/{rel}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.fixture
+def wheel_ws(ws, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """A workspace whose pins are a tiny vLLM-shaped sdist and wheel, already in the cache."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    sdist = _tiny_sdist(PRISTINE)
+    (cache / "vllm-0.26.0.tar.gz").write_bytes(sdist)
+    wheel = make_base_wheel(cache / BASE_NAME)
+    (ws.repo / "pins.toml").write_text(
+        "schema_version = 1\n"
+        "[vllm.sdist]\n"
+        'requirement = "vllm==0.26.0"\nfilename = "vllm-0.26.0.tar.gz"\n'
+        f'sha256 = "{sha256_bytes(sdist)}"\npip_args = []\ntop_dir = "vllm-0.26.0"\n'
+        "[vllm.sdist.env]\n"
+        "[vllm.wheel]\n"
+        f'requirement = "vllm==0.26.0"\nfilename = "{BASE_NAME}"\n'
+        f'sha256 = "{sha256_file(wheel)}"\npip_args = []\n'
+        'differs_from_sdist = ["vllm/_version.py"]\nbuild_only_py = ["vllm/vendored/"]\n'
+        "[vllm.wheel.env]\n"
+    )
+    monkeypatch.setenv("PATCHSET_CACHE", str(cache))
+    return ws
+
+
+def test_cli_wheel_applies_verifies_and_writes_receipt(wheel_ws, capsys) -> None:  # type: ignore[no-untyped-def]
+    """`patchset wheel` applies the series, builds the wheel and receipt; a rerun is identical."""
+    from conftest import patch_bytes
+    from patchset.cli import main
+    from patchset.receipt import read_receipt
+
+    change = {"vllm/a.py": (PRISTINE["vllm/a.py"], b"A = 42\n"), "tests/test_b.py": (None, b"")}
+    wheel_ws.setup(PRISTINE, [("vllm/0001-a.patch", patch_bytes(change))])
+    out = wheel_ws.repo / "dist"
+    argv = ["-C", str(wheel_ws.repo), "wheel", "--tree", str(wheel_ws.tree)]
+    assert main(argv) == 0
+    receipt = read_receipt(out / "receipt.json")
+    assert [(f["path"], f["op"]) for f in receipt["overlay"]] == [("vllm/a.py", "modify")]
+    assert receipt["not_carried"] == ["tests/test_b.py"]
+    first = (out / receipt["wheel"]["filename"]).read_bytes()
+    with zipfile.ZipFile(out / receipt["wheel"]["filename"]) as zf:
+        assert zf.read("vllm/a.py") == b"A = 42\n"
+    assert main(argv) == 0  # already applied: still builds, same bytes
+    assert (out / receipt["wheel"]["filename"]).read_bytes() == first
+    assert "Built " in capsys.readouterr().out
+
+
+def test_cli_wheel_refuses_native_patch_before_applying(wheel_ws, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A series with a csrc/ change exits 1 naming patch and file; the tree is not touched."""
+    from conftest import patch_bytes, snapshot
+    from patchset.cli import main
+
+    good = {"vllm/a.py": (PRISTINE["vllm/a.py"], b"A = 42\n")}
+    native = {"csrc/k.cu": (PRISTINE["csrc/k.cu"], b"// faster kernel\n")}
+    wheel_ws.setup(
+        PRISTINE,
+        [("vllm/0001-a.patch", patch_bytes(good)), ("vllm/0002-k.patch", patch_bytes(native))],
+    )
+    before = snapshot(wheel_ws.tree)
+    assert main(["-C", str(wheel_ws.repo), "wheel", "--tree", str(wheel_ws.tree)]) == 1
+    err = capsys.readouterr().err
+    assert "patchset: error: the overlay wheel cannot carry native changes" in err
+    assert "vllm/0002-k.patch: csrc/k.cu: csrc/ is compiled" in err
+    assert snapshot(wheel_ws.tree) == before
+    assert not (wheel_ws.repo / "dist").exists()
