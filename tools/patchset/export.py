@@ -75,16 +75,15 @@ class Description:
 
 
 def split_description(text: str) -> Description:
-    """Split at paragraph-initial ``Test Plan:`` / ``Test Result:`` labels (``Purpose:`` optional).
-
-    Text before the first label is the purpose; a section runs to the next label.
+    """Split at lines starting ``Test Plan:`` / ``Test Result:`` (a leading ``Purpose:`` label
+    is optional): text before the first label is the purpose; a section runs to the next label.
     """
     sections: dict[str, list[str]] = {"Purpose": [], "Test Plan": [], "Test Result": []}
     current = "Purpose"
     previous_blank = True
     for line in text.split("\n"):
-        match = _SECTION.match(line) if previous_blank else None
-        if match:
+        match = _SECTION.match(line)
+        if match and (match.group(1) != "Purpose" or previous_blank):
             current = match.group(1)
             if match.group(2):
                 sections[current].append(match.group(2))
