@@ -75,3 +75,44 @@ def test_refresh_of_a_new_file_writes_a_new_file_diff(ws: Workspace) -> None:
     assert ws.cli("verify") == 0
     assert ws.cli("unapply") == 0
     assert not (ws.tree / "pkg").exists()
+
+
+def test_refresh_of_unedited_git_patch_reproduces_git_bytes(ws: Workspace, tmp_path) -> None:
+    """For changes with one best alignment, refresh writes exactly what git format-patch wrote
+    (blob ids, modes, hunk ranges and git's default function-context hunk headers)."""
+    from conftest import git
+
+    source = b"".join(
+        [b"import os\n", b"\n", b"\n", b"class Widget:\n"]
+        + [b"    def method_%d(self):\n        return %d\n\n" % (i, i) for i in range(12)]
+        + [b"def tail():\n    return 'end'\n"]
+    )
+    edited = source.replace(b"return 4\n", b"return 40\n").replace(b"'end'", b"'END'")
+    work = tmp_path / "gitwork"
+    work.mkdir()
+    git(work, "init", "-q")
+    (work / "pkg").mkdir()
+    (work / "pkg/w.py").write_bytes(source)
+    git(work, "add", "-A")
+    git(work, "commit", "-qm", "base")
+    (work / "pkg/w.py").write_bytes(edited)
+    (work / "pkg/new.py").write_bytes(b"x = 1")
+    git(work, "add", "-A")
+    git(work, "commit", "-qs", "-m", "[Test] edit", "-m", "Why.\n\nUpstream-Status: Pending")
+    made = git(
+        work,
+        "format-patch",
+        "--full-index",
+        "--no-signature",
+        "--zero-commit",
+        "-N",
+        "--no-stat",
+        "-1",
+        "--stdout",
+    ).encode()
+    assert b"@@ -39,4 +39,4 @@ class Widget:\n" in made
+    ws.setup({"pkg/w.py": source}, [("vllm/0001-edit.patch", made)])
+    assert ws.cli("apply") == 0
+    (ws.tree / "pkg/w.py").write_bytes(edited + b"")
+    assert ws.cli("refresh", "vllm/0001-edit.patch") == 2
+    assert (ws.repo / "patches/vllm/0001-edit.patch").read_bytes() == made

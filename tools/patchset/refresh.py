@@ -27,6 +27,7 @@ from patchset.treelock import DEFAULT_TIMEOUT_S, tree_lock
 
 CONTEXT_LINES = 3
 NO_NEWLINE = b"\\ No newline at end of file\n"
+FUNC_LINE_MAX = 80
 
 
 def _range(start: int, length: int) -> str:
@@ -58,7 +59,9 @@ def render_file(path: str, pre: bytes | None, post: bytes | None, mode: str) -> 
     matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
     for group in matcher.get_grouped_opcodes(CONTEXT_LINES):
         i1, i2, j1, j2 = group[0][1], group[-1][2], group[0][3], group[-1][4]
-        out.append(f"@@ -{_range(i1, i2 - i1)} +{_range(j1, j2 - j1)} @@\n".encode())
+        header = f"@@ -{_range(i1, i2 - i1)} +{_range(j1, j2 - j1)} @@".encode()
+        func = _function_line(a, i1)
+        out.append(header + (b" " + func if func else b"") + b"\n")
         for tag, a1, a2, b1, b2 in group:
             if tag == "equal":
                 out += [_line(b" ", line) for line in a[a1:a2]]
@@ -66,6 +69,16 @@ def render_file(path: str, pre: bytes | None, post: bytes | None, mode: str) -> 
             out += [_line(b"-", line) for line in a[a1:a2]]
             out += [_line(b"+", line) for line in b[b1:b2]]
     return b"".join(out)
+
+
+def _function_line(lines: list[bytes], start: int) -> bytes:
+    """git's default hunk-header context: the nearest line above ``start`` that begins with a
+    letter, ``_`` or ``$``, cut to 80 bytes, trailing whitespace removed."""
+    for line in reversed(lines[:start]):
+        first = line[:1]
+        if first.isalpha() or first in (b"_", b"$"):
+            return line[:FUNC_LINE_MAX].rstrip()
+    return b""
 
 
 def _line(prefix: bytes, line: bytes) -> bytes:
