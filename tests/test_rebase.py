@@ -1,0 +1,330 @@
+"""rebase: 3-way replay onto a new base, per-patch verdicts, pinning, and the written series."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+from conftest import patch_bytes, snapshot, write_tree
+from patchset.errors import HashMismatch, PatchsetError
+from patchset.hashing import sha256_bytes
+from patchset.lockfile import load_lock
+from patchset.pins import Pin, load_pins
+from patchset.rebase import (
+    diff_blocks,
+    fetch_release,
+    parse_onto,
+    release_pins,
+    replay,
+    rewrite_pins,
+    run_rebase,
+)
+from patchset.series import load_series, parse_patch
+
+LINES = b"".join(b"line %d\n" % i for i in range(1, 61))
+
+
+def edit(data: bytes, old: bytes, new: bytes) -> bytes:
+    assert data.count(old) == 1, old
+    return data.replace(old, new)
+
+
+def outcomes_for(tmp_path: Path, old: dict, new: dict, patches: list[tuple[str, bytes]]):
+    write_tree(tmp_path / "old", old)
+    write_tree(tmp_path / "new", new)
+    parsed = []
+    for name, data in patches:
+        patch, problems = parse_patch(name, data)
+        assert patch is not None, problems
+        parsed.append(patch)
+    results = replay(parsed, dict(patches), tmp_path / "old", tmp_path / "new", tmp_path / "work")
+    return {o.name: o for o in results}
+
+
+ONE = LINES
+P_FIVE = patch_bytes({"a.py": (ONE, edit(ONE, b"line 5\n", b"five\n"))}, subject="[Core] A")
+P_THIRTY = patch_bytes({"a.py": (ONE, edit(ONE, b"line 30\n", b"thirty\n"))}, subject="[Core] B")
+
+
+def test_untouched_file_replays_clean(tmp_path: Path) -> None:
+    out = outcomes_for(
+        tmp_path,
+        {"a.py": ONE, "b.py": b"b\n"},
+        {"a.py": ONE, "b.py": b"c\n"},
+        [("vllm/0001-a.patch", P_FIVE)],
+    )["vllm/0001-a.patch"]
+    assert out.status == "clean" and out.offsets == ()
+    assert out.refreshed is not None and b"+five\n" in out.refreshed
+
+
+def test_moved_hunk_is_reported_as_offsets_and_refreshed(tmp_path: Path) -> None:
+    moved = b"new 1\nnew 2\nnew 3\n" + ONE
+    out = outcomes_for(tmp_path, {"a.py": ONE}, {"a.py": moved}, [("vllm/0001-b.patch", P_THIRTY)])
+    result = out["vllm/0001-b.patch"]
+    assert result.status == "offsets"
+    assert result.offsets == (("a.py", 1, 3),)
+    assert result.refreshed is not None
+    refreshed, _ = parse_patch("vllm/0001-b.patch", result.refreshed)
+    assert refreshed is not None and refreshed.files[0].hunks[0].old_start == 30
+    assert refreshed.header.subject == "[PATCH] [Core] B"
+    assert refreshed.header.upstream_status == "Pending"
+
+
+def test_changed_context_merges_three_way(tmp_path: Path) -> None:
+    near = edit(ONE, b"line 27\n", b"line 27 upstream\n")
+    out = outcomes_for(tmp_path, {"a.py": ONE}, {"a.py": near}, [("vllm/0001-b.patch", P_THIRTY)])
+    result = out["vllm/0001-b.patch"]
+    assert result.status == "merged"
+    assert result.refreshed is not None
+    assert b" line 27 upstream\n" in result.refreshed and b"+thirty\n" in result.refreshed
+
+
+def test_same_line_changed_upstream_is_a_conflict_and_replay_goes_on(tmp_path: Path) -> None:
+    clash = edit(ONE, b"line 5\n", b"line 5 upstream\n")
+    out = outcomes_for(
+        tmp_path,
+        {"a.py": ONE},
+        {"a.py": clash},
+        [("vllm/0001-a.patch", P_FIVE), ("vllm/0002-b.patch", P_THIRTY)],
+    )
+    conflict = out["vllm/0001-a.patch"]
+    assert conflict.status == "conflict"
+    assert [(c.path, c.regions) for c in conflict.conflicts] == [("a.py", 1)]
+    assert conflict.conflicts[0].failed_hunks_at == (2,)
+    assert b"<<<<<<<" in conflict.marked["a.py"] and b"five\n" in conflict.marked["a.py"]
+    assert out["vllm/0002-b.patch"].status == "clean"
+
+
+def test_change_already_upstream_is_absorbed(tmp_path: Path) -> None:
+    new_file = patch_bytes({"n.py": (None, b"n = 1\n")}, subject="[Core] New")
+    out = outcomes_for(
+        tmp_path,
+        {"a.py": ONE},
+        {"a.py": edit(ONE, b"line 5\n", b"five\n"), "n.py": b"n = 1\n"},
+        [("vllm/0001-a.patch", P_FIVE), ("vllm/0002-n.patch", new_file)],
+    )
+    assert out["vllm/0001-a.patch"].status == "absorbed"
+    assert out["vllm/0001-a.patch"].absorbed_files == ("a.py",)
+    assert out["vllm/0002-n.patch"].status == "absorbed"
+
+
+def test_partly_absorbed_patch_names_the_absorbed_file(tmp_path: Path) -> None:
+    both = patch_bytes(
+        {
+            "a.py": (ONE, edit(ONE, b"line 5\n", b"five\n")),
+            "b.py": (ONE, edit(ONE, b"line 9\n", b"nine\n")),
+        },
+        subject="[Core] Both",
+    )
+    out = outcomes_for(
+        tmp_path,
+        {"a.py": ONE, "b.py": ONE},
+        {"a.py": edit(ONE, b"line 5\n", b"five\n"), "b.py": ONE},
+        [("vllm/0001-both.patch", both)],
+    )["vllm/0001-both.patch"]
+    assert out.absorbed_files == ("a.py",)
+    assert out.status == "merged"
+    assert out.refreshed is not None and b"a/a.py" not in out.refreshed
+
+
+def test_patch_that_does_not_apply_to_the_old_base_is_refused(tmp_path: Path) -> None:
+    broken = patch_bytes({"a.py": (b"other\n", b"x\n")}, subject="[Core] X")
+    with pytest.raises(PatchsetError, match="does not apply to the current base"):
+        outcomes_for(tmp_path, {"a.py": ONE}, {"a.py": ONE}, [("vllm/0001-x.patch", broken)])
+
+
+def test_diff_blocks_splits_per_file() -> None:
+    data = patch_bytes({"a.py": (b"a\n", b"b\n"), "z/c.py": (None, b"c\n")})
+    blocks = diff_blocks(data)
+    assert sorted(blocks) == ["a.py", "z/c.py"]
+    assert all(block.startswith(b"diff --git a/") for block in blocks.values())
+
+
+def test_parse_onto() -> None:
+    assert parse_onto("vllm==0.33.0") == ("vllm", "0.33.0")
+    with pytest.raises(PatchsetError, match="expected <target>==<version>"):
+        parse_onto("vllm>=0.33")
+
+
+OLD_PIN = Pin(
+    target="vllm",
+    kind="sdist",
+    requirement="vllm==1.0.0",
+    filename="vllm-1.0.0.tar.gz",
+    sha256="a" * 64,
+    pip_args=("--no-binary", "vllm"),
+    env=(("VLLM_TARGET_DEVICE", "empty"), ("VLLM_VERSION_OVERRIDE", "1.0.0")),
+    top_dir="vllm-1.0.0",
+)
+
+
+def test_release_pin_follows_the_old_pin() -> None:
+    pin = release_pins(OLD_PIN, "2.0.0")
+    assert (pin.requirement, pin.filename, pin.top_dir) == (
+        "vllm==2.0.0",
+        "vllm-2.0.0.tar.gz",
+        "vllm-2.0.0",
+    )
+    assert dict(pin.env) == {"VLLM_TARGET_DEVICE": "empty", "VLLM_VERSION_OVERRIDE": "2.0.0"}
+
+
+def test_fetched_release_is_pinned_then_rehashed(tmp_path: Path) -> None:
+    pin = release_pins(OLD_PIN, "2.0.0")
+    calls = []
+
+    def pip(args, env) -> None:
+        calls.append((list(args), dict(env)))
+        dest = Path(args[args.index("--dest") + 1])
+        (dest / "vllm-2.0.0.tar.gz").write_bytes(b"sdist bytes")
+
+    path, digest = fetch_release(pin, tmp_path / "cache", pip=pip)
+    assert digest == sha256_bytes(b"sdist bytes")
+    assert calls[0][0][-1] == "vllm==2.0.0"
+    assert calls[0][1]["VLLM_VERSION_OVERRIDE"] == "2.0.0"
+    assert fetch_release(pin, tmp_path / "cache", pip=pip) == (path, digest)
+    assert len(calls) == 1
+    path.write_bytes(b"tampered")
+    with pytest.raises(HashMismatch, match="pinned when it was fetched"):
+        fetch_release(pin, tmp_path / "cache", pip=pip)
+    assert not path.exists()
+
+
+PINS = """# test pins
+schema_version = 1
+
+[vllm.sdist]
+requirement = "vllm==1.0.0"
+filename = "vllm-1.0.0.tar.gz"
+sha256 = "{sdist}"
+pip_args = ["--no-binary", "vllm"]
+top_dir = "vllm-1.0.0"
+
+[vllm.sdist.env]
+VLLM_TARGET_DEVICE = "empty"
+VLLM_VERSION_OVERRIDE = "1.0.0"
+
+[vllm.wheel]
+requirement = "vllm==1.0.0"
+filename = "vllm-1.0.0-py3-none-any.whl"
+sha256 = "{wheel}"
+pip_args = ["--only-binary=:all:"]
+
+[vllm.wheel.env]
+"""
+
+
+def test_rewrite_pins_keeps_comments_and_other_tables() -> None:
+    text = PINS.format(sdist="a" * 64, wheel="b" * 64)
+    out = rewrite_pins(
+        text,
+        "vllm",
+        {
+            "sdist": {"sha256": "c" * 64, "requirement": "vllm==2.0.0"},
+            "sdist.env": {"VLLM_VERSION_OVERRIDE": "2.0.0"},
+        },
+    )
+    assert out.startswith("# test pins\n")
+    assert f'sha256 = "{"c" * 64}"' in out and f'sha256 = "{"b" * 64}"' in out
+    assert 'VLLM_VERSION_OVERRIDE = "2.0.0"' in out
+    with pytest.raises(PatchsetError, match="no \\[vllm.wheel\\] top_dir"):
+        rewrite_pins(text, "vllm", {"wheel": {"top_dir": "x"}})
+
+
+def sdist_bytes(top: str, files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for rel, data in sorted(files.items()):
+            info = tarfile.TarInfo(f"{top}/{rel}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def rebase_workspace(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
+    """A checkout with three patches: one clean, one conflicting, one absorbed upstream."""
+    root = tmp_path / "repo"
+    old = tmp_path / "old"
+    base = {"a.py": ONE, "b.py": ONE}
+    write_tree(old, base)
+    clean = patch_bytes({"b.py": (ONE, edit(ONE, b"line 40\n", b"forty\n"))}, subject="[Core] C")
+    absorbed = patch_bytes({"a.py": (ONE, edit(ONE, b"line 50\n", b"fifty\n"))}, subject="[Core] D")
+    patches = [
+        ("vllm/0001-clean.patch", clean),
+        ("vllm/0002-conflict.patch", P_FIVE),
+        ("vllm/0003-absorbed.patch", absorbed),
+    ]
+    write_tree(root, {f"patches/{n}": d for n, d in patches})
+    (root / "series").write_text("# series\n" + "".join(f"{n}\n" for n, _ in patches))
+    (root / "pins.toml").write_text(PINS.format(sdist="a" * 64, wheel="b" * 64))
+    new = edit(edit(ONE, b"line 5\n", b"line 5 upstream\n"), b"line 50\n", b"fifty\n")
+    sdist = tmp_path / "vllm-2.0.0.tar.gz"
+    sdist.write_bytes(sdist_bytes("vllm-2.0.0", {"a.py": new, "b.py": ONE}))
+    wheel = tmp_path / "vllm-2.0.0-py3-none-any.whl"
+    wheel.write_bytes(b"not really a wheel")
+    return root, old, sdist, wheel
+
+
+def test_dry_run_reports_and_never_modifies_the_series(tmp_path: Path, monkeypatch) -> None:
+    root, old, sdist, _ = rebase_workspace(tmp_path)
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    before = snapshot(root)
+    report = run_rebase(
+        root, "vllm==2.0.0", dry_run=True, sdist=sdist, old_tree=old, workdir=tmp_path
+    )
+    assert snapshot(root) == before
+    assert [(o.name, o.status) for o in report.outcomes] == [
+        ("vllm/0001-clean.patch", "clean"),
+        ("vllm/0002-conflict.patch", "conflict"),
+        ("vllm/0003-absorbed.patch", "absorbed"),
+    ]
+    assert report.new.sha256 == sha256_bytes(sdist.read_bytes())
+    data = report.to_json()
+    assert data["summary"] == {"clean": 1, "offsets": 0, "merged": 0, "conflict": 1, "absorbed": 1}
+    assert json.loads(json.dumps(data)) == data
+    assert not any(p.name.startswith("rebase-") for p in tmp_path.iterdir())
+
+
+def test_rebase_writes_a_new_series_directory(tmp_path: Path, monkeypatch) -> None:
+    root, old, sdist, wheel = rebase_workspace(tmp_path)
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    before = snapshot(root)
+    dest = tmp_path / "rebased"
+    run_rebase(
+        root,
+        "vllm==2.0.0",
+        dry_run=False,
+        dest=dest,
+        sdist=sdist,
+        wheel=wheel,
+        old_tree=old,
+        workdir=tmp_path,
+    )
+    assert snapshot(root) == before
+    series_text = (dest / "series").read_text()
+    assert "vllm/0001-clean.patch\n" in series_text
+    assert "# conflict, left out: vllm/0002-conflict.patch" in series_text
+    assert "# absorbed upstream, dropped: vllm/0003-absorbed.patch" in series_text
+    assert [p.name for p in load_series_ok(dest)] == ["vllm/0001-clean.patch"]
+    marked = dest / "conflicts" / "vllm" / "0002-conflict" / "files" / "a.py"
+    assert b"<<<<<<<" in marked.read_bytes()
+    assert (dest / "conflicts" / "vllm" / "0002-conflict" / "original.patch").read_bytes() == P_FIVE
+    pins = load_pins(dest / "pins.toml")
+    assert pins.get("vllm", "sdist").sha256 == sha256_bytes(sdist.read_bytes())
+    assert pins.get("vllm", "sdist").top_dir == "vllm-2.0.0"
+    assert pins.get("vllm", "wheel").filename == "vllm-2.0.0-py3-none-any.whl"
+    assert pins.get("vllm", "wheel").sha256 == sha256_bytes(wheel.read_bytes())
+    lock = load_lock(dest)
+    assert [e.name for e in lock.patches] == ["vllm/0001-clean.patch"]
+    assert lock.pins["vllm.sdist"] == sha256_bytes(sdist.read_bytes())
+    with pytest.raises(PatchsetError, match="refusing to write"):
+        run_rebase(
+            root, "vllm==2.0.0", dry_run=False, dest=dest, sdist=sdist, wheel=wheel, old_tree=old
+        )
+
+
+def load_series_ok(root: Path):
+    # the patches/ directory keeps only listed patches, so the series loads cleanly
+    return load_series(root)

@@ -1,0 +1,602 @@
+"""Move the series to a newer release: pin the new base, replay each patch 3-way, report.
+
+b4-style: everything happens in a scratch git repository under a temporary directory, never in
+the user's checkout or the dcp-series files. Its history is the old pinned base, the series on
+top of it (branch ``old``), and the new release's tree committed as a child of the old base
+(branch ``new``), so every preimage blob a patch names exists and ``git am -3`` can merge.
+
+Per patch, in series order, on top of the patches already replayed:
+
+* ``absorbed``  every file's change is already in the new tree (the patch reverse-applies
+  exactly), or the 3-way merge leaves nothing to commit;
+* ``clean``     applies exactly at the stated lines;
+* ``offsets``   applies exactly after moving hunks (``git apply`` offsets); refreshed;
+* ``merged``    does not apply as is but the 3-way merge succeeds without conflicts; refreshed;
+* ``conflict``  the 3-way merge leaves conflicts (files, marker regions, failing hunks); the
+  replay goes on without it.
+
+The new sdist is pinned first: its sha256 is recorded next to the cached file when it is
+downloaded and checked on every later use. ``--dry-run`` only reports. Otherwise the result is
+written to a new directory (series, refreshed patches, pins.toml, series.lock, the report, and
+``conflicts/`` with the marked files), never over the current series.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from patchset import __version__
+from patchset.errors import HashMismatch, PatchDoesNotApply, PatchsetError, PinError
+from patchset.fetch import PipRunner, extract_sdist, run_pip
+from patchset.gitops import ScratchRepo
+from patchset.hashing import sha256_file
+from patchset.model import Patch
+from patchset.patchfile import split_patch
+from patchset.pins import Pin
+
+Status = Literal["clean", "offsets", "merged", "conflict", "absorbed"]
+STATUSES: tuple[Status, ...] = ("clean", "offsets", "merged", "conflict", "absorbed")
+SCHEMA_VERSION = 1
+_ONTO = re.compile(r"^(?P<target>[a-z][a-z0-9_]*)==(?P<version>[0-9][0-9A-Za-z.+-]*)$")
+
+Log = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+def parse_onto(spec: str) -> tuple[str, str]:
+    """``vllm==0.33.0`` -> ("vllm", "0.33.0")."""
+    match = _ONTO.match(spec.strip())
+    if not match:
+        raise PatchsetError(
+            f"--onto {spec!r}: expected <target>==<version>", hint="e.g. --onto vllm==0.33.0"
+        )
+    return match.group("target"), match.group("version")
+
+
+def pinned_version(pin: Pin) -> str:
+    """The version of an ``name==X`` pin requirement."""
+    _, sep, version = pin.requirement.partition("==")
+    if not sep:
+        raise PinError(f"{pin.key}: requirement {pin.requirement!r} is not name==version")
+    return version.strip()
+
+
+def release_pins(old: Pin, version: str) -> Pin:
+    """The sdist pin of ``version`` made like ``old`` (sha256 unknown until fetched: empty)."""
+    old_version = pinned_version(old)
+    env = tuple((key, version if value == old_version else value) for key, value in old.env)
+    name = old.requirement.partition("==")[0].strip()
+    return Pin(
+        target=old.target,
+        kind=old.kind,
+        requirement=f"{name}=={version}",
+        filename=old.filename.replace(old_version, version),
+        sha256="",
+        pip_args=old.pip_args,
+        env=env,
+        top_dir=(old.top_dir or "").replace(old_version, version) or None,
+    )
+
+
+def fetch_release(
+    pin: Pin,
+    cache: Path,
+    *,
+    source: Path | None = None,
+    pip: PipRunner = run_pip,
+    log: Log = _quiet,
+) -> tuple[Path, str]:
+    """Download (or copy from ``source``) the release file of ``pin`` into ``cache`` and pin it.
+
+    The first time, the file's sha256 is written to ``<file>.sha256``; every later use re-hashes
+    the file against it (a mismatching file is deleted). Returns (path, sha256).
+    """
+    cache.mkdir(parents=True, exist_ok=True)
+    target = cache / pin.filename
+    stamp = cache / f"{pin.filename}.sha256"
+    if target.is_file() and stamp.is_file():
+        recorded = stamp.read_text().strip()
+        actual = sha256_file(target)
+        if actual != recorded:
+            target.unlink()
+            stamp.unlink()
+            raise HashMismatch(
+                f"{target}: sha256 {actual} is not the {recorded} pinned when it was fetched; "
+                "deleted it",
+                hint="run the rebase again to fetch it afresh",
+            )
+        return target, actual
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".fetch-") as tmp:
+        staged = Path(tmp) / pin.filename
+        if source is not None:
+            shutil.copyfile(source, staged)
+        else:
+            log(f"Downloading {pin.requirement} ({pin.kind}) with pip")
+            pip(
+                ["download", "--no-deps", "--dest", tmp, *pin.pip_args, pin.requirement],
+                pin.env_dict,
+            )
+        if not staged.is_file():
+            produced = sorted(p.name for p in Path(tmp).iterdir())
+            raise PinError(
+                f"{pin.requirement}: pip did not produce {pin.filename}",
+                details=[f"pip produced: {', '.join(produced) or 'nothing'}"],
+            )
+        digest = sha256_file(staged)
+        os.replace(staged, target)
+    stamp.write_text(digest + "\n")
+    return target, digest
+
+
+# -- the replay --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """One file the 3-way merge could not resolve."""
+
+    path: str
+    regions: int
+    failed_hunks_at: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one patch on the new base."""
+
+    name: str
+    status: Status
+    files: tuple[str, ...]
+    offsets: tuple[tuple[str, int, int], ...] = ()
+    conflicts: tuple[Conflict, ...] = ()
+    absorbed_files: tuple[str, ...] = ()
+    detail: tuple[str, ...] = ()
+    refreshed: bytes | None = field(default=None, repr=False, compare=False)
+    marked: dict[str, bytes] = field(default_factory=dict, repr=False, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "files": list(self.files),
+            "offsets": [
+                {"path": path, "hunk": hunk, "offset": offset}
+                for path, hunk, offset in self.offsets
+            ],
+            "conflicts": [
+                {"path": c.path, "regions": c.regions, "failed_hunks_at": list(c.failed_hunks_at)}
+                for c in self.conflicts
+            ],
+            "absorbed_files": list(self.absorbed_files),
+            "detail": list(self.detail),
+        }
+
+
+def diff_blocks(data: bytes) -> dict[str, bytes]:
+    """The ``diff --git`` block of each file of a patch, by path (a patch per file)."""
+    _header, diff = split_patch(data)
+    blocks: dict[str, bytes] = {}
+    starts = [m.start() for m in re.finditer(rb"^diff --git ", diff, re.MULTILINE)]
+    for begin, end in zip(starts, [*starts[1:], len(diff)], strict=True):
+        block = diff[begin:end]
+        first = block.split(b"\n", 1)[0].decode("latin-1")
+        path = first.rsplit(" b/", 1)[-1]
+        blocks[path] = block
+    return blocks
+
+
+def replay(
+    patches: Sequence[Patch],
+    data: dict[str, bytes],
+    old_tree: Path,
+    new_tree: Path,
+    workdir: Path,
+    *,
+    labels: tuple[str, str] = ("old base", "new base"),
+    log: Log = _quiet,
+) -> list[Outcome]:
+    """Replay ``patches`` (their file bytes in ``data``) from ``old_tree`` onto ``new_tree``."""
+    repo = ScratchRepo.create(workdir / "repo")
+    old_base = repo.import_tree(old_tree, labels[0])
+    repo.branch("old-base", old_base)
+    for patch in patches:
+        result = repo.am(data[patch.name])
+        if not result.ok:
+            repo.abort_am()
+            raise PatchDoesNotApply(
+                f"{patch.name} does not apply to the current base ({labels[0]})",
+                details=result.tail(8),
+                hint="the series itself is broken: run patchset apply first",
+            )
+    repo.branch("old", "HEAD")
+    repo.checkout(old_base)
+    new_base = repo.import_tree(new_tree, labels[1])
+    repo.branch("new-base", new_base)
+    outcomes = []
+    for index, patch in enumerate(patches, start=1):
+        log(f"Replaying {patch.name} ({index}/{len(patches)})")
+        outcomes.append(_replay_one(repo, patch, data[patch.name]))
+    repo.branch("new", "HEAD")
+    return outcomes
+
+
+def _replay_one(repo: ScratchRepo, patch: Patch, data: bytes) -> Outcome:
+    files = patch.paths
+    blocks = diff_blocks(data)
+    absorbed = tuple(
+        path for path, block in blocks.items() if repo.apply_check(block, reverse=True).ok
+    )
+    if len(absorbed) == len(blocks):
+        return Outcome(
+            patch.name,
+            "absorbed",
+            files,
+            absorbed_files=absorbed,
+            detail=("every file's change is already in the new base",),
+        )
+    forward = repo.apply_check(data)
+    head = repo.head()
+    if forward.ok:
+        result = repo.am(data)
+        if not result.ok:  # git apply said yes; am must agree
+            repo.abort_am()
+            raise PatchsetError(
+                f"{patch.name}: git am failed where git apply succeeded", details=result.tail(8)
+            )
+        offsets = tuple((o.path, o.number, o.offset) for o in forward.offsets)
+        status: Status = "offsets" if offsets else "clean"
+        return Outcome(
+            patch.name,
+            status,
+            files,
+            offsets=offsets,
+            absorbed_files=absorbed,
+            refreshed=repo.format_patch(),
+        )
+    result = repo.am(data, three_way=True)
+    if result.ok:
+        if repo.head() == head:
+            return Outcome(
+                patch.name,
+                "absorbed",
+                files,
+                absorbed_files=absorbed,
+                detail=("the 3-way merge left nothing to commit",),
+            )
+        return Outcome(
+            patch.name,
+            "merged",
+            files,
+            absorbed_files=absorbed,
+            detail=tuple(_failed_text(forward.failed)),
+            refreshed=repo.format_patch(),
+        )
+    conflicted = repo.conflicted_paths()
+    failed_at: dict[str, list[int]] = {}
+    for path, line in forward.failed:
+        failed_at.setdefault(path, []).append(line)
+    conflicts = tuple(
+        Conflict(path, repo.conflict_regions(path), tuple(failed_at.get(path, ())))
+        for path in conflicted
+    )
+    if not conflicts:  # no merge possible at all (e.g. a file the patch modifies is gone)
+        conflicts = tuple(
+            Conflict(path, 0, tuple(lines)) for path, lines in sorted(failed_at.items())
+        )
+    marked = {
+        c.path: (repo.path / c.path).read_bytes()
+        for c in conflicts
+        if (repo.path / c.path).is_file() and c.regions
+    }
+    repo.abort_am()
+    repo.checkout(head)
+    return Outcome(
+        patch.name,
+        "conflict",
+        files,
+        conflicts=conflicts,
+        absorbed_files=absorbed,
+        detail=tuple(result.tail(8)),
+        marked=marked,
+    )
+
+
+def _failed_text(failed: Sequence[tuple[str, int]]) -> list[str]:
+    return [f"hunk at {path}:{line} needed the 3-way merge" for path, line in failed]
+
+
+# -- report and output -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Release:
+    """One end of the rebase: a target's version and sdist."""
+
+    version: str
+    filename: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class RebaseReport:
+    target: str
+    old: Release
+    new: Release
+    outcomes: tuple[Outcome, ...]
+
+    def summary(self) -> dict[str, int]:
+        return {s: sum(1 for o in self.outcomes if o.status == s) for s in STATUSES}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "tool": f"patchset {__version__}",
+            "target": self.target,
+            "from": vars(self.old),
+            "onto": vars(self.new),
+            "summary": self.summary(),
+            "patches": [o.to_json() for o in self.outcomes],
+        }
+
+    def table(self) -> list[str]:
+        rows = [("patch", "status", "detail")]
+        for o in self.outcomes:
+            if o.status == "conflict":
+                what = "; ".join(
+                    f"{c.path} ({c.regions} region(s)"
+                    + (
+                        f", hunks at {', '.join(map(str, c.failed_hunks_at))}"
+                        if c.failed_hunks_at
+                        else ""
+                    )
+                    + ")"
+                    for c in o.conflicts
+                )
+            elif o.status == "offsets":
+                what = ", ".join(f"{p} hunk {h} {off:+d}" for p, h, off in o.offsets)
+            elif o.absorbed_files:
+                what = "already upstream: " + ", ".join(o.absorbed_files)
+            else:
+                what = "; ".join(o.detail)
+            rows.append((o.name, o.status, what))
+        width = [max(len(r[i]) for r in rows) for i in range(2)]
+        return [f"{a:<{width[0]}}  {b:<{width[1]}}  {c}".rstrip() for a, b, c in rows]
+
+
+def report_json(report: RebaseReport) -> str:
+    return json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n"
+
+
+def rewrite_pins(text: str, target: str, updates: dict[str, dict[str, str]]) -> str:
+    """``pins.toml`` text with ``key = "value"`` lines of ``[target.kind]`` tables replaced.
+
+    ``updates`` maps a table name (``sdist``, ``wheel``, ``sdist.env``) to {key: new value};
+    comments and every other line are kept. Raises PinError for a key that is not there.
+    """
+    out = []
+    table = None
+    seen: set[tuple[str, str]] = set()
+    for line in text.split("\n"):
+        header = re.match(r"^\[(?P<name>[^\]]+)\]\s*$", line)
+        if header:
+            name = header.group("name")
+            table = name[len(target) + 1 :] if name.startswith(target + ".") else None
+        assignment = re.match(r"^(?P<key>[A-Za-z_][A-Za-z0-9_]*)\s*=", line)
+        if table in updates and assignment and assignment.group("key") in updates[table]:
+            key = assignment.group("key")
+            line = f"{key} = {json.dumps(updates[table][key])}"
+            seen.add((table, key))
+        out.append(line)
+    missing = [
+        f"[{target}.{t}] {k}" for t, keys in updates.items() for k in keys if (t, k) not in seen
+    ]
+    if missing:
+        raise PinError("cannot rewrite pins.toml: no " + ", ".join(missing))
+    return "\n".join(out)
+
+
+def write_rebased(
+    dest: Path,
+    report: RebaseReport,
+    series_names: Sequence[str],
+    patch_bytes: dict[str, bytes],
+    pins_text: str,
+) -> list[str]:
+    """Write the rebased series into the new directory ``dest``; return the series entries.
+
+    Applied patches are written refreshed; absorbed ones are dropped and conflicting ones are
+    left out of ``series`` (both listed as comments), their original bytes and marked files
+    under ``conflicts/``. Patches of other targets are copied unchanged.
+    """
+    if dest.exists():
+        raise PatchsetError(
+            f"refusing to write the rebased series into existing {dest}",
+            hint="choose a new directory with --to (the current series is never overwritten)",
+        )
+    dest.mkdir(parents=True)
+    by_name = {o.name: o for o in report.outcomes}
+    entries: list[str] = []
+    comments: list[str] = [
+        f"Rebased by patchset {__version__} from {report.target} {report.old.version} "
+        f"onto {report.new.version}; see rebase-report.json."
+    ]
+    for name in series_names:
+        outcome = by_name.get(name)
+        out = dest / "patches" / name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if outcome is None:
+            out.write_bytes(patch_bytes[name])
+            entries.append(name)
+        elif outcome.status == "absorbed":
+            out.unlink(missing_ok=True)
+            comments.append(f"absorbed upstream, dropped: {name}")
+        elif outcome.status == "conflict":
+            where = dest / "conflicts" / name.removesuffix(".patch")
+            where.mkdir(parents=True, exist_ok=True)
+            (where / "original.patch").write_bytes(patch_bytes[name])
+            for path, content in outcome.marked.items():
+                marked = where / "files" / path
+                marked.parent.mkdir(parents=True, exist_ok=True)
+                marked.write_bytes(content)
+            rel = where.relative_to(dest).as_posix()
+            comments.append(f"conflict, left out: {name} (see {rel}/)")
+        else:
+            assert outcome.refreshed is not None
+            out.write_bytes(outcome.refreshed)
+            entries.append(name)
+    series = "".join(f"# {c}\n" for c in comments) + "".join(f"{e}\n" for e in entries)
+    (dest / "series").write_text(series, encoding="utf-8")
+    (dest / "pins.toml").write_text(pins_text, encoding="utf-8")
+    (dest / "rebase-report.json").write_text(report_json(report), encoding="utf-8")
+    return entries
+
+
+def run_rebase(
+    root: Path,
+    onto: str,
+    *,
+    dry_run: bool,
+    dest: Path | None = None,
+    sdist: Path | None = None,
+    wheel: Path | None = None,
+    old_tree: Path | None = None,
+    workdir: Path | None = None,
+    keep: bool = False,
+    pip: PipRunner = run_pip,
+    log: Log = _quiet,
+) -> RebaseReport:
+    """Pin ``onto``'s sdist, replay the target's patches onto it, report; write unless dry-run.
+
+    Reads the series, pins and patches of ``root`` and never writes there (the download cache
+    aside). ``sdist``/``wheel`` use local files instead of pip; ``old_tree`` replaces the
+    pristine unpack of the current pin; ``keep`` keeps the scratch repository and logs it.
+    """
+    from patchset.fetch import cache_dir, pristine_tree
+    from patchset.pins import load_pins
+    from patchset.series import for_target, load_series
+
+    target, version = parse_onto(onto)
+    pins = load_pins(root / "pins.toml")
+    old_pin = pins.get(target, "sdist")
+    old_version = pinned_version(old_pin)
+    if version == old_version:
+        raise PatchsetError(f"{target} is already pinned at {version}")
+    series = load_series(root)
+    patches = for_target(series, target)
+    data = {p.name: (root / "patches" / p.name).read_bytes() for p in series}
+    if not dry_run and dest is None:
+        dest = root / "build" / f"rebase-{target}-{version}"
+    if dest is not None and dest.exists():
+        raise PatchsetError(
+            f"refusing to write the rebased series into existing {dest}",
+            hint="choose a new directory with --to (the current series is never overwritten)",
+        )
+    new_pin = release_pins(old_pin, version)
+    cache = cache_dir(root) / "rebase"
+    archive, digest = fetch_release(new_pin, cache, source=sdist, pip=pip, log=log)
+    log(f"Pinned {new_pin.filename} sha256 {digest}")
+    base_tree = old_tree or pristine_tree(target, root=root)
+    tmp = Path(tempfile.mkdtemp(dir=workdir, prefix=f"rebase-{target}-{version}-"))
+    try:
+        new_tree = tmp / "new-base"
+        extract_sdist(archive, new_pin.top_dir or "", new_tree)
+        outcomes = replay(
+            patches,
+            data,
+            base_tree,
+            new_tree,
+            tmp,
+            labels=(f"{target} {old_version}", f"{target} {version}"),
+            log=log,
+        )
+        report = RebaseReport(
+            target,
+            Release(old_version, old_pin.filename, old_pin.sha256),
+            Release(version, new_pin.filename, digest),
+            tuple(outcomes),
+        )
+        if not dry_run:
+            assert dest is not None
+            _write_output(root, dest, report, series, data, pins, new_tree, wheel, pip, log)
+    finally:
+        if keep:
+            log(f"Kept the scratch repository: git -C {tmp / 'repo'} log --oneline --all")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return report
+
+
+def _write_output(
+    root: Path,
+    dest: Path,
+    report: RebaseReport,
+    series: Sequence[Patch],
+    data: dict[str, bytes],
+    pins: Any,
+    new_tree: Path,
+    wheel: Path | None,
+    pip: PipRunner,
+    log: Log,
+) -> None:
+    from dataclasses import replace
+
+    from patchset.fetch import cache_dir, pristine_tree
+    from patchset.lockfile import compute_lock, pin_digests, write_lock
+    from patchset.series import load_series
+
+    target, old, new = report.target, report.old.version, report.new.version
+    sdist_pin = pins.get(target, "sdist")
+    wheel_pin = pins.get(target, "wheel")
+    new_wheel_pin = replace(
+        wheel_pin,
+        requirement=wheel_pin.requirement.replace(old, new),
+        filename=wheel_pin.filename.replace(old, new),
+        sha256="",
+    )
+    _, wheel_digest = fetch_release(
+        new_wheel_pin, cache_dir(root) / "rebase", source=wheel, pip=pip, log=log
+    )
+    updates: dict[str, dict[str, str]] = {
+        "sdist": {
+            "requirement": sdist_pin.requirement.replace(old, new),
+            "filename": report.new.filename,
+            "sha256": report.new.sha256,
+            "top_dir": (sdist_pin.top_dir or "").replace(old, new),
+        },
+        "wheel": {
+            "requirement": new_wheel_pin.requirement,
+            "filename": new_wheel_pin.filename,
+            "sha256": wheel_digest,
+        },
+    }
+    env = {key: new for key, value in sdist_pin.env if value == old}
+    if env:
+        updates["sdist.env"] = env
+    pins_text = rewrite_pins((root / "pins.toml").read_text(encoding="utf-8"), target, updates)
+    write_rebased(dest, report, [p.name for p in series], data, pins_text)
+    rebased = load_series(dest)
+
+    def reader(tree: Path) -> Callable[[str], bytes | None]:
+        def read(rel: str) -> bytes | None:
+            path = tree / rel
+            return path.read_bytes() if path.is_file() else None
+
+        return read
+
+    bases = {
+        t: reader(new_tree if t == target else pristine_tree(t, root=root))
+        for t in dict.fromkeys(p.target for p in rebased)
+    }
+    write_lock(dest, compute_lock(rebased, bases, pin_digests(dest)).lock)
+    log(f"Wrote the rebased series to {dest}")
