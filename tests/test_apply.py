@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -291,3 +293,25 @@ def test_created_tree_is_removed_again_when_apply_fails(ws, monkeypatch, capsys)
     assert ws.cli("apply", "--tree", str(new_tree)) == 1
     assert "differ from the preimages" in capsys.readouterr().err
     assert not new_tree.exists()
+
+
+def test_refuses_when_a_parent_of_a_touched_path_is_a_file(ws: Workspace, capsys) -> None:
+    ws.setup(BASE, three_patches())
+    shutil.rmtree(ws.tree / "pkg")
+    (ws.tree / "pkg").write_bytes(b"a file where a directory should be\n")
+    before = snapshot(ws.tree)
+    assert ws.cli("apply") == 1
+    assert "needs directory 'pkg', which is a file in the tree" in capsys.readouterr().err
+    assert snapshot(ws.tree) == before
+
+
+def test_refuses_lock_whose_file_list_disagrees_with_the_patch(ws: Workspace, capsys) -> None:
+    ws.setup(BASE, three_patches())
+    lock_path = ws.repo / "series.lock"
+    raw = json.loads(lock_path.read_text())
+    raw["patches"][1]["files"].pop()
+    lock_path.write_text(json.dumps(raw, sort_keys=True, indent=2) + "\n")
+    before = snapshot(ws.tree)
+    assert ws.cli("apply") == 1
+    assert "series.lock disagrees with the patches" in capsys.readouterr().err
+    assert snapshot(ws.tree) == before

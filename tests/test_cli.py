@@ -84,3 +84,19 @@ def test_python_dash_m_runs_the_cli(ws: Workspace) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "Applying vllm/0001-a.patch (1/1)" in result.stdout
+
+
+def test_b12x_tree_is_verified_by_the_target_its_state_records(ws: Workspace, capsys) -> None:
+    from conftest import write_tree
+
+    write_tree(ws.base, BASE)
+    ws.add_patch("b12x/0001-a.patch", PATCH[1])
+    ws.write_series(["b12x/0001-a.patch"])
+    ws.reset_tree()
+    assert ws.cli("lock", "--base", f"b12x={ws.base}") == 0
+    assert ws.cli("apply", "--target", "b12x") == 0
+    assert ws.cli("verify") == 0
+    assert ws.cli("status") == 0
+    assert "applied      b12x/0001-a.patch" in capsys.readouterr().out
+    assert ws.cli("unapply") == 0
+    assert (ws.tree / "a.py").read_bytes() == b"a\n"

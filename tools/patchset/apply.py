@@ -106,7 +106,19 @@ def _lock_entries(lock: Lock, patches: tuple[Patch, ...]) -> dict[str, PatchImag
             hint="run patchset lock (and commit series.lock)",
             details=stale,
         )
-    return {p.name: lock.entry(p.name) for p in patches}  # type: ignore[misc]
+    entries = {p.name: lock.entry(p.name) for p in patches}
+    mismatched = [
+        f"{p.name}: lock lists {[f.path for f in entry.files]}, the patch touches {list(p.paths)}"
+        for p in patches
+        if (entry := entries[p.name]) is not None and [f.path for f in entry.files] != list(p.paths)
+    ]
+    if mismatched:
+        raise LockError(
+            "series.lock disagrees with the patches about the files they touch",
+            hint="run patchset lock",
+            details=mismatched,
+        )
+    return entries  # type: ignore[return-value]
 
 
 def apply_series(
@@ -152,7 +164,9 @@ def apply_series(
                         refusals.append(f"{patch.name}: {reason}")
         if refusals:
             raise PatchFormatError(
-                "patch reaches outside the tree", hint="remove the symlink", details=refusals
+                "patch paths go through a symlink or a file in the tree; nothing was changed",
+                hint="a patch may only write real directories of the tree",
+                details=refusals,
             )
         originals = {path: tree.read(path) for path in touched}
         mismatches = [

@@ -56,6 +56,16 @@ def _target(args: argparse.Namespace, patch: str | None = None) -> str:
     return "vllm"
 
 
+def _tree_target(args: argparse.Namespace, repo: Path) -> tuple[Tree, str]:
+    """The tree to inspect and its target: ``--target``, else the target its state records."""
+    if args.target or not args.tree:
+        target = _target(args)
+        return _existing_tree(_tree(args, repo, target)), target
+    tree = _existing_tree(_tree(args, repo, "vllm"))
+    state = read_state(tree.root)
+    return tree, state.target if state else "vllm"
+
+
 def _tree(args: argparse.Namespace, repo: Path, target: str) -> Tree:
     root = Path(args.tree) if args.tree else repo / "build" / target
     return Tree(root.resolve())
@@ -112,19 +122,18 @@ def cmd_apply(args: argparse.Namespace, repo: Path) -> int:
 
 
 def cmd_unapply(args: argparse.Namespace, repo: Path) -> int:
-    target = _target(args, args.upto)
-    tree = _existing_tree(_tree(args, repo, target))
-    state = read_state(tree.root)
-    if state and not args.target and not args.upto:
-        target = state.target
+    if args.upto:
+        target = _target(args, args.upto)
+        tree = _existing_tree(_tree(args, repo, target))
+    else:
+        tree, target = _tree_target(args, repo)
     patches = for_target(load_series(repo), target)
     unapply_series(tree, patches, target=target, upto=args.upto, timeout=args.wait, log=_info)
     return 0
 
 
 def cmd_verify(args: argparse.Namespace, repo: Path) -> int:
-    target = _target(args)
-    tree = _existing_tree(_tree(args, repo, target))
+    tree, target = _tree_target(args, repo)
     state = verify_tree(tree, for_target(load_series(repo), target), load_lock(repo))
     files = len(state.expected())
     _info(f"OK: {len(state.applied)} patch(es), {files} touched file(s) match in {tree.root}")
@@ -132,8 +141,7 @@ def cmd_verify(args: argparse.Namespace, repo: Path) -> int:
 
 
 def cmd_status(args: argparse.Namespace, repo: Path) -> int:
-    target = _target(args)
-    tree = _existing_tree(_tree(args, repo, target))
+    tree, target = _tree_target(args, repo)
     rows = tree_status(tree, for_target(load_series(repo), target))
     if args.json:
         _info(

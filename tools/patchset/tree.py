@@ -26,17 +26,21 @@ class Tree:
         return self.root / rel
 
     def symlink_problem(self, rel: str) -> str | None:
-        """Why ``rel`` cannot be touched because the tree has a symlink on its way, or None."""
+        """Why ``rel`` cannot be touched (a symlink, or a file where a directory must be), or
+        None."""
         current = self.root
-        for part in rel.split("/"):
+        parts = rel.split("/")
+        for depth, part in enumerate(parts, start=1):
             current = current / part
             try:
                 info = os.lstat(current)
             except FileNotFoundError:
                 return None
+            where = current.relative_to(self.root).as_posix()
             if stat.S_ISLNK(info.st_mode):
-                where = current.relative_to(self.root).as_posix()
                 return f"path {rel!r} goes through symlink {where!r} in the tree"
+            if depth < len(parts) and not stat.S_ISDIR(info.st_mode):
+                return f"path {rel!r} needs directory {where!r}, which is a file in the tree"
         return None
 
     def read(self, rel: str) -> bytes | None:
@@ -46,6 +50,10 @@ class Tree:
                 return fh.read()
         except FileNotFoundError:
             return None
+        except NotADirectoryError:
+            raise TreeStateError(
+                f"{self.path(rel)}: a parent of this path is a file in the tree"
+            ) from None
         except IsADirectoryError:
             raise TreeStateError(
                 f"{self.path(rel)}: is a directory, the series wants a file"
