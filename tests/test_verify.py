@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import Workspace, patch_bytes
 from hypothesis import HealthCheck, given, settings
@@ -85,3 +87,18 @@ def test_verify_flags_patch_edited_after_apply(applied: Workspace, capsys) -> No
     patch.write_bytes(patch.read_bytes().replace(b"Why and what.", b"Why, and what."))
     assert applied.cli("verify") == 1
     assert "vllm/0002-b.patch: patch file changed since it was applied" in capsys.readouterr().err
+
+
+def test_verify_flags_a_tree_patched_from_another_pinned_base(applied: Workspace, capsys) -> None:
+    lock_path = applied.repo / "series.lock"
+    state_path = applied.tree / ".patchset/state.json"
+    state = json.loads(state_path.read_text())
+    state["base_pin"] = "1" * 64
+    state_path.write_text(json.dumps(state))
+    lock = json.loads(lock_path.read_text())
+    lock["pins"] = {"vllm.sdist": "2" * 64}
+    lock_path.write_text(json.dumps(lock))
+    assert applied.cli("verify") == 1
+    assert "tree was patched from base 111111111111, series.lock pins 222222222222" in (
+        capsys.readouterr().err
+    )

@@ -67,6 +67,11 @@ def verify_tree(tree: Tree, patches: tuple[Patch, ...], lock: Lock) -> TreeState
         )
     problems = [d.describe() for d in find_drift(tree, state)]
     problems += lock_disagreements(state, patches, lock)
+    pinned = lock.pins.get(f"{state.target}.sdist")
+    if state.base_pin and pinned and state.base_pin != pinned:
+        problems.append(
+            f"tree was patched from base {state.base_pin[:12]}, series.lock pins {pinned[:12]}"
+        )
     if problems:
         raise DriftError(
             f"{tree.root}: {len(problems)} problem(s): the tree is not what the series makes",
