@@ -50,7 +50,7 @@ def find_repo(start: Path) -> Path:
 
 def _target(args: argparse.Namespace, patch: str | None = None) -> str:
     if args.target:
-        return args.target
+        return str(args.target)
     if patch:
         return patch.split("/", 1)[0]
     return "vllm"

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
+from unidiff.patch import PatchSet
 
 from patchset.errors import PatchDoesNotApply
 from patchset.model import FILE_MODES, FileOp, FilePatch, Hunk

@@ -7,8 +7,12 @@ The only gitpython user of the apply path. A tree counts as a checkout only when
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from patchset.errors import ExternalToolError
+
+if TYPE_CHECKING:
+    import git
 
 STATE_EXCLUDE = "/.patchset/"
 
@@ -17,8 +21,8 @@ def is_checkout(root: Path) -> bool:
     return (root / ".git").exists()
 
 
-def _repo(root: Path):  # -> git.Repo (imported lazily: gitpython is slow to import)
-    import git
+def _repo(root: Path) -> git.Repo:
+    import git  # imported lazily: gitpython is slow to import, plain trees never need it
 
     try:
         return git.Repo(root)
@@ -34,7 +38,7 @@ def head_commit(root: Path) -> str | None:
         return None
     repo = _repo(root)
     try:
-        return repo.head.commit.hexsha
+        return str(repo.head.commit.hexsha)
     except ValueError:
         return None
 

@@ -18,7 +18,6 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from patchset.diffparse import apply_file
 from patchset.errors import LockError, PatchDoesNotApply
@@ -222,7 +221,3 @@ def _image_text(image: FileImage | None) -> str:
     pre = image.pre[:12] if image.pre else "absent"
     post = image.post[:12] if image.post else "absent"
     return f"{image.op} {pre}..{post} {image.mode}"
-
-
-def lock_json_dict(lock: Lock) -> dict[str, Any]:
-    return json.loads(lock_to_json(lock))

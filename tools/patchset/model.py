@@ -79,8 +79,8 @@ class FilePatch:
     path: str
     op: FileOp
     mode: str
-    old_blob: str | None
-    new_blob: str | None
+    old_blob: str
+    new_blob: str
     hunks: tuple[Hunk, ...]
 
 

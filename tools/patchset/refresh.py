@@ -19,7 +19,7 @@ from patchset.apply import stack_reader
 from patchset.diffparse import NULL_BLOB, apply_file, split_lines
 from patchset.errors import HashMismatch, PatchFormatError, TreeStateError
 from patchset.hashing import git_blob_id, sha256_bytes
-from patchset.model import FileImage, Patch, PatchImages
+from patchset.model import FileImage, FileOp, Patch, PatchImages
 from patchset.series import parse_patch
 from patchset.state import read_state, write_state
 from patchset.tree import Tree
@@ -146,7 +146,7 @@ def refresh_patch(
             if pre == post:
                 continue
             diffs.append(render_file(fp.path, pre, post, fp.mode))
-            op = "add" if pre is None else "delete" if post is None else "modify"
+            op: FileOp = "add" if pre is None else "delete" if post is None else "modify"
             images.append(
                 FileImage(
                     fp.path,
