@@ -24,6 +24,7 @@ import importlib.util
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -203,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         default=[64, 2048],
         help="rows per case: decode-sized and prefill-chunk-sized",
     )
+    parser.add_argument("--topk", type=int, nargs="+", default=list(TOPKS), choices=TOPKS)
+    parser.add_argument("--dcp", type=int, nargs="+", default=list(WORLDS), help="simulated ranks")
     parser.add_argument("--iters", type=int, default=20, help="timed iterations per kernel")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -214,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.time()
     cases = []
-    for topk in TOPKS:
-        for world in WORLDS:
+    for topk in args.topk:
+        for world in args.dcp:
             for kind in KINDS:
                 for rows in args.rows:
                     seed = args.seed + len(cases)
@@ -234,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     identical = all(c["identical"] for c in cases)
     result = {
         "schema_version": 1,
-        "command": [sys.executable, *sys.argv],
+        "command": shlex.join([sys.executable, *sys.argv]),
         "git_revision": git_revision(REPO),
         "vllm_tree": str(args.vllm_tree),
         "vllm_tree_git_revision": git_revision(args.vllm_tree),
