@@ -32,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
 
+from patchset.errors import PatchsetError  # noqa: E402
 from patchset.hashing import sha256_file  # noqa: E402
 from patchset.series import for_target, load_series  # noqa: E402
 
@@ -121,7 +122,7 @@ def run_tests(root: Path, tree: Path, venv: Path, pytest_args: Sequence[str]) ->
         shutil.copyfile(tree / "pyproject.toml", work / "pyproject.toml")
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         env.pop("PYTHONPATH", None)
-        cmd = [str(venv_python(venv)), "-m", "pytest", "-v", "-rA", "-p", "no:cacheprovider"]
+        cmd = [str(venv_python(venv)), "-m", "pytest", "-v", "-rfEs", "-p", "no:cacheprovider"]
         proc = subprocess.run([*cmd, *pytest_args, *files], cwd=work, env=env, check=False)
     return proc.returncode
 
@@ -140,13 +141,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--venv", type=Path, default=REPO / "build" / "testenv")
     p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
-    if args.command == "venv":
-        return make_venv(args.receipt.resolve(), args.venv.resolve(), reuse=args.reuse)
-    if args.command == "list":
-        for path in series_test_files(REPO, args.tree.resolve()):
-            print(path)
-        return 0
-    return run_tests(REPO, args.tree.resolve(), args.venv.resolve(), args.pytest_args)
+    try:
+        if args.command == "venv":
+            return make_venv(args.receipt.resolve(), args.venv.resolve(), reuse=args.reuse)
+        if args.command == "list":
+            for path in series_test_files(REPO, args.tree.resolve()):
+                print(path)
+            return 0
+        return run_tests(REPO, args.tree.resolve(), args.venv.resolve(), args.pytest_args)
+    except PatchsetError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        for line in exc.details:
+            print(f"  {line}", file=sys.stderr)
+        return exc.exit_code
 
 
 if __name__ == "__main__":
