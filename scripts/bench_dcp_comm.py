@@ -40,6 +40,7 @@ per-context figures and the query/ckv ratios.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -276,9 +277,11 @@ def run_worker(args: argparse.Namespace) -> None:
         rows = min(args.chunk, context)
         layer = Layer(ckv, n, rank, context, rows, args.interleave, args.seed, dev)
         routes = {
-            "query-bf16": lambda lg, li: query_bf16(layer, lg, li, group),
-            "query-fp8": lambda lg, li: query_fp8(wire, layer, lg, li, group),
-            "ckv": lambda lg, li: ckv_route(ckv, layer, lg, li, group, args.interleave),
+            "query-bf16": functools.partial(query_bf16, layer, group=group),
+            "query-fp8": functools.partial(query_fp8, wire, layer, group=group),
+            "ckv": functools.partial(
+                ckv_route, ckv, layer, group=group, interleave=args.interleave
+            ),
         }
         point: dict[str, Any] = {"context": context, "rows": rows, "routes": {}}
         for name, fn in routes.items():
@@ -412,7 +415,7 @@ def run_launcher(args: argparse.Namespace, argv: list[str]) -> int:
         "runs": runs,
         "p2p_over_pcie_like_ckv_comm_ms": [
             a["routes"]["ckv"]["comm_ms_per_layer"] / b["routes"]["ckv"]["comm_ms_per_layer"]
-            for a, b in zip(runs["p2p"]["points"], runs["pcie-like"]["points"])
+            for a, b in zip(runs["p2p"]["points"], runs["pcie-like"]["points"], strict=True)
         ],
     }
     out = (
