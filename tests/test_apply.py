@@ -315,3 +315,24 @@ def test_refuses_lock_whose_file_list_disagrees_with_the_patch(ws: Workspace, ca
     assert ws.cli("apply") == 1
     assert "series.lock disagrees with the patches" in capsys.readouterr().err
     assert snapshot(ws.tree) == before
+
+
+def test_failure_while_unapplying_rolls_back_every_file(ws, monkeypatch, capsys) -> None:
+    ws.setup(BASE, three_patches())
+    assert ws.cli("apply") == 0
+    applied = snapshot(ws.tree)
+    real_write = Tree.write
+    calls = {"n": 0}
+
+    def failing_write(self: Tree, rel: str, data: bytes, mode: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(28, "No space left on device")
+        real_write(self, rel, data, mode)
+
+    monkeypatch.setattr(Tree, "write", failing_write)
+    assert ws.cli("unapply") == 1
+    assert "No space left on device" in capsys.readouterr().err
+    assert snapshot(ws.tree) == applied
+    monkeypatch.setattr(Tree, "write", real_write)
+    assert ws.cli("verify") == 0
