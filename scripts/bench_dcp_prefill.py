@@ -1,0 +1,355 @@
+# SPDX-License-Identifier: Apache-2.0
+"""GPU evidence: cold prefill throughput of the DCP prefill routes, end to end in vLLM.
+
+Model: ``scripts/models/glm5-attn-tiny`` (GLM-5 attention geometry: 64 heads at TP1,
+MLA 512 + 64 -> 576, V latent 512, DSA top-k 2048; 4 small dense layers) with dummy
+weights, fp8_ds_mla KV cache, prefix caching off, so every prompt is prefilled cold.
+Configurations (all TP=2 on 2 GPUs):
+
+* ``dcp1``: DCP=1 (the ceiling: no DCP traffic, half the KV capacity per rank);
+* ``query-bf16``: DCP=2, stock query route (``dcp_prefill_route=query``);
+* ``query-fp8``: DCP=2, query route with the fp8 wire (``dcp_wire_dtype=fp8``);
+* ``ckv``: DCP=2, packed-CKV route (``dcp_prefill_route=ckv``);
+* ``auto``: DCP=2, ``dcp_prefill_route=auto``.
+
+For each prompt length (default 8k / 32k / 64k) it times ``generate`` of
+``--prompts`` random prompts with ``max_tokens=1`` (prefill tok/s), then generates
+``--greedy-tokens`` greedy tokens for one 8k and one 32k prompt so the driver can check
+that every DCP configuration produces DCP=1's tokens. The DCP ledger (patch 0010) is on,
+and its per-layer summary is stored.
+
+One configuration under torchrun (the vLLM ``external_launcher`` backend, one process per
+GPU):
+
+    torchrun --nproc-per-node 2 scripts/bench_dcp_prefill.py --worker --config ckv
+
+All configurations on both fabrics in one run (plain python; it launches torchrun per
+configuration, once with NVLink P2P and once with ``NCCL_P2P_DISABLE=1``), with the
+ratios computed from the same run:
+
+    python scripts/bench_dcp_prefill.py
+
+Writes ``results/bench_dcp_prefill-<UTC time>.json`` (command, git revision, machine,
+figures, ratios, token equality). Needs the patched vLLM (0002 kernel + 0004 backend +
+0008-0010) installed, e.g. the overlay wheel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL = REPO / "scripts" / "models" / "glm5-attn-tiny"
+CONFIGS: dict[str, dict[str, Any]] = {
+    "dcp1": {"dcp": 1},
+    "query-bf16": {"dcp": 2, "dcp_prefill_route": "query", "dcp_wire_dtype": "auto"},
+    "query-fp8": {"dcp": 2, "dcp_prefill_route": "query", "dcp_wire_dtype": "fp8"},
+    "ckv": {"dcp": 2, "dcp_prefill_route": "ckv", "dcp_wire_dtype": "auto"},
+    "auto": {"dcp": 2, "dcp_prefill_route": "auto", "dcp_wire_dtype": "auto"},
+}
+FABRICS = {"p2p": {}, "pcie-like": {"NCCL_P2P_DISABLE": "1"}}
+GREEDY_LENGTHS = (8192, 32768)
+
+
+def git_revision(path: Path) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip()
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+    try:
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        info["gpus"] = smi.stdout.strip().splitlines()
+        topo = subprocess.run(
+            ["nvidia-smi", "topo", "-m"], capture_output=True, text=True, check=True
+        )
+        info["nvidia_smi_topo"] = topo.stdout
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return info
+
+
+def _install_parallel_overrides(overrides: dict[str, Any]) -> None:
+    """Set ParallelConfig fields that EngineArgs may not expose as arguments."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    missing = {k: v for k, v in overrides.items() if not hasattr(EngineArgs, k)}
+    if not missing:
+        return
+    original = EngineArgs.create_engine_config
+
+    def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        config = original(self, *args, **kwargs)
+        for key, value in missing.items():
+            setattr(config.parallel_config, key, value)
+        return config
+
+    EngineArgs.create_engine_config = create_engine_config  # type: ignore[method-assign]
+
+
+def run_worker(args: argparse.Namespace) -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import torch
+    import torch.distributed as dist
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    cfg = CONFIGS[args.config]
+    dcp = cfg["dcp"]
+    overrides: dict[str, Any] = {}
+    if dcp > 1:
+        overrides = {
+            "dcp_prefill_route": cfg["dcp_prefill_route"],
+            "dcp_wire_dtype": cfg["dcp_wire_dtype"],
+            "dcp_comm_ledger_size": args.ledger_size,
+        }
+    _install_parallel_overrides(overrides)
+    engine_kwargs: dict[str, Any] = dict(
+        model=str(args.model),
+        skip_tokenizer_init=True,
+        load_format="dummy",
+        tensor_parallel_size=args.tp,
+        decode_context_parallel_size=dcp,
+        distributed_executor_backend="external_launcher",
+        kv_cache_dtype="fp8_ds_mla",
+        max_model_len=max(args.lengths) + 256,
+        max_num_batched_tokens=args.chunk,
+        max_num_seqs=args.max_num_seqs,
+        enable_prefix_caching=False,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+        seed=0,
+    )
+    if args.attention_backend:
+        engine_kwargs["attention_backend"] = args.attention_backend
+    for key, value in overrides.items():
+        from vllm.engine.arg_utils import EngineArgs
+
+        if hasattr(EngineArgs, key):
+            engine_kwargs[key] = value
+    llm = LLM(**engine_kwargs)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    gen = torch.Generator().manual_seed(1234)
+
+    def prompts(length: int, count: int) -> list[TokensPrompt]:
+        ids = torch.randint(2, 32000, (count, length), generator=gen)
+        return [TokensPrompt(prompt_token_ids=row.tolist()) for row in ids]
+
+    prefill = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    llm.generate(prompts(4096, 1), prefill, use_tqdm=False)  # warm-up
+    from vllm.v1.attention.ops.dcp_comm_ledger import get_dcp_comm_ledger
+
+    ledger = get_dcp_comm_ledger()
+    figures = []
+    for length in args.lengths:
+        batch = prompts(length, args.prompts)
+        if ledger is not None:
+            ledger.reset()
+        if dist.is_initialized():
+            dist.barrier()
+        start = time.perf_counter()
+        llm.generate(batch, prefill, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        point = {
+            "prompt_len": length,
+            "prompts": args.prompts,
+            "seconds": elapsed,
+            "prefill_tok_per_s": length * args.prompts / elapsed,
+        }
+        if ledger is not None:
+            point["ledger"] = ledger.summary()
+        figures.append(point)
+        if rank == 0:
+            print(
+                f"{args.config}: {length} x {args.prompts}: {point['prefill_tok_per_s']:.0f} tok/s",
+                flush=True,
+            )
+    greedy = {}
+    if args.greedy_tokens > 0:
+        gen.manual_seed(99)
+        params = SamplingParams(max_tokens=args.greedy_tokens, temperature=0.0, ignore_eos=True)
+        for length in GREEDY_LENGTHS:
+            if length > max(args.lengths):
+                continue
+            out = llm.generate(prompts(length, 1), params, use_tqdm=False)
+            greedy[str(length)] = list(out[0].outputs[0].token_ids)
+    if rank == 0 and args.out:
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "config": args.config,
+                    "settings": cfg,
+                    "figures": figures,
+                    "greedy_tokens": greedy,
+                },
+                indent=2,
+                sort_keys=True,
+            )
+            + "\n"
+        )
+
+
+def run_driver(args: argparse.Namespace, argv: list[str], passthrough: list[str]) -> int:
+    runs: dict[str, dict[str, Any]] = {}
+    failures: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for fabric in args.fabrics:
+            runs[fabric] = {}
+            for config in args.configs:
+                out = Path(tmp) / f"{fabric}-{config}.json"
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    f"--nproc-per-node={args.tp}",
+                    __file__,
+                    "--worker",
+                    "--config",
+                    config,
+                    "--out",
+                    str(out),
+                    *passthrough,
+                ]
+                env = {**os.environ, **FABRICS[fabric]}
+                print("+", FABRICS[fabric], " ".join(shlex.quote(c) for c in cmd), flush=True)
+                rc = subprocess.run(cmd, env=env, check=False).returncode
+                if rc != 0 or not out.is_file():
+                    failures.append(f"{fabric}/{config}: exit code {rc}")
+                    continue
+                runs[fabric][config] = json.loads(out.read_text())
+    ratios: dict[str, Any] = {}
+    tokens: dict[str, Any] = {}
+    for fabric, by_config in runs.items():
+        base = by_config.get("query-bf16")
+        ceiling = by_config.get("dcp1")
+        ratios[fabric] = {}
+        for config, rec in by_config.items():
+            per_len = {}
+            for i, point in enumerate(rec["figures"]):
+                entry = {}
+                if base is not None:
+                    entry["over_query_bf16"] = (
+                        point["prefill_tok_per_s"] / base["figures"][i]["prefill_tok_per_s"]
+                    )
+                if ceiling is not None:
+                    entry["over_dcp1"] = (
+                        point["prefill_tok_per_s"] / ceiling["figures"][i]["prefill_tok_per_s"]
+                    )
+                per_len[str(point["prompt_len"])] = entry
+            ratios[fabric][config] = per_len
+        if ceiling is not None:
+            tokens[fabric] = {
+                config: {
+                    length: rec["greedy_tokens"].get(length) == ids
+                    for length, ids in ceiling["greedy_tokens"].items()
+                }
+                for config, rec in by_config.items()
+                if config != "dcp1"
+            }
+    record = {
+        "script": "scripts/bench_dcp_prefill.py",
+        "command": " ".join(shlex.quote(a) for a in [sys.argv[0], *argv]),
+        "git_revision": git_revision(REPO),
+        "machine": machine(),
+        "model": str(args.model),
+        "settings": {
+            "tp": args.tp,
+            "chunk": args.chunk,
+            "lengths": args.lengths,
+            "prompts": args.prompts,
+            "attention_backend": args.attention_backend,
+            "enforce_eager": args.enforce_eager,
+        },
+        "runs": runs,
+        "ratios": ratios,
+        "greedy_tokens_equal_to_dcp1": tokens,
+        "failures": failures,
+    }
+    out = (
+        REPO
+        / "results"
+        / (f"bench_dcp_prefill-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {out}")
+    for fabric, by_config in ratios.items():
+        for config, per_len in by_config.items():
+            print(
+                fabric,
+                config,
+                {k: {kk: round(vv, 3) for kk, vv in v.items()} for k, v in per_len.items()},
+            )
+    return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--worker", action="store_true", help="run one configuration (under torchrun)")
+    p.add_argument("--config", choices=sorted(CONFIGS), default="ckv")
+    p.add_argument(
+        "--configs",
+        nargs="+",
+        choices=sorted(CONFIGS),
+        default=["dcp1", "query-bf16", "query-fp8", "ckv", "auto"],
+    )
+    p.add_argument("--fabrics", nargs="+", choices=sorted(FABRICS), default=["p2p", "pcie-like"])
+    p.add_argument("--model", type=Path, default=MODEL)
+    p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768, 65536])
+    p.add_argument("--prompts", type=int, default=2)
+    p.add_argument(
+        "--chunk", type=int, default=8192, help="max_num_batched_tokens (the prefill chunk)"
+    )
+    p.add_argument("--max-num-seqs", type=int, default=8)
+    p.add_argument("--attention-backend", default="TRITON_MLA_SPARSE")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.8)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--greedy-tokens", type=int, default=16)
+    p.add_argument("--ledger-size", type=int, default=64)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    if args.worker:
+        run_worker(args)
+        return 0
+    worker_argv = list(argv)
+    for flag in ("--configs", "--fabrics"):
+        if flag in worker_argv:  # driver-only options are not passed to workers
+            i = worker_argv.index(flag)
+            j = i + 1
+            while j < len(worker_argv) and not worker_argv[j].startswith("--"):
+                j += 1
+            del worker_argv[i:j]
+    return run_driver(args, argv, worker_argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
