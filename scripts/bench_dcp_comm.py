@@ -384,6 +384,60 @@ def run_worker(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
+def byte_model_table(args: argparse.Namespace) -> str:
+    """Markdown tables of the byte model (no GPU): per-rank wire bytes per layer of the
+    last chunk at each context, and over a whole cold prompt chunked by ``--chunk``."""
+    ckv = load_leaf(Path(args.vllm_tree).resolve(), LEAVES["ckv"])
+    wire = load_leaf(Path(args.vllm_tree).resolve(), LEAVES["wire"])
+    lines = []
+    for n in args.dcp_sizes:
+        hl = HEADS_TP1 // n
+        fp8 = (wire.wire_row_bytes(QK_DIM) / QK_DIM) * 2 / 2  # bytes per element
+        lines += [
+            f"DCP={n} (H_local={hl}), chunk={args.chunk} rows, interleave="
+            f"{args.interleave}; bytes received per rank per layer",
+            "",
+            "| context | last chunk: query bf16 | query fp8 | ckv | bf16/ckv |"
+            " whole prompt: query bf16 | ckv | bf16/ckv |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for context in args.contexts:
+            rows = min(args.chunk, context)
+            q_last = ckv.query_route_bytes(rows, hl, n)
+            q8_last = (
+                ckv.query_route_bytes(
+                    rows,
+                    hl,
+                    n,
+                    q_elem_bytes=fp8,
+                    out_elem_bytes=(wire.wire_row_bytes(V_DIM) + 4) / V_DIM,
+                )
+                - (n - 1) * rows * n * hl * 4
+            )  # fp8 merge carries its LSE in the rows
+            c_last = ckv.ckv_route_bytes(ckv.plan_chunk([context], n, args.interleave), n)
+            q_all = c_all = 0
+            done = 0
+            while done < context:
+                step = min(args.chunk, context - done)
+                done += step
+                q_all += ckv.query_route_bytes(step, hl, n)
+                c_all += ckv.ckv_route_bytes(ckv.plan_chunk([done], n, args.interleave), n)
+            lines.append(
+                f"| {context:,} | {q_last / 2**20:,.1f} MiB | {q8_last / 2**20:,.1f} MiB"
+                f" | {c_last / 2**20:,.2f} MiB | {q_last / c_last:,.1f}x"
+                f" | {q_all / 2**20:,.0f} MiB | {c_all / 2**20:,.0f} MiB"
+                f" | {q_all / c_all:,.1f}x |"
+            )
+        cross = ckv.ckv_crossover_tokens(args.chunk, hl, n)
+        lines += [
+            "",
+            f"Per-chunk crossover (auto returns to the query route): "
+            f"~{cross:,} accumulated tokens.",
+            "",
+        ]
+    return "\n".join(lines)
+
+
 def run_launcher(args: argparse.Namespace, argv: list[str]) -> int:
     """Run the worker once per fabric under torchrun and merge the records."""
     passthrough = [a for a in argv if a not in ("--launch",)]
@@ -449,12 +503,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument(
+        "--byte-model",
+        action="store_true",
+        help="print the byte model's tables (no GPU, no torch.distributed)",
+    )
+    p.add_argument("--dcp-sizes", type=int, nargs="+", default=[2, 4])
+    p.add_argument(
         "--cpu-smoke",
         action="store_true",
         help="check the script on CPU (gloo, TRITON_INTERPRET=1, tiny "
         "contexts); its timings mean nothing",
     )
     args = p.parse_args(argv)
+    if args.byte_model:
+        print(byte_model_table(args))
+        return 0
     if args.cpu_smoke and os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("--cpu-smoke needs TRITON_INTERPRET=1 in the environment")
     if args.launch:
