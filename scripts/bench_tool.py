@@ -57,6 +57,7 @@ def machine() -> dict[str, Any]:
         "cpu_model": model,
         "platform": platform.platform(),
         "python": platform.python_version(),
+        "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
     }
 
 
