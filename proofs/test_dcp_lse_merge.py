@@ -124,10 +124,9 @@ def test_ag_rs_merge_equals_attention_over_the_union(case, base_e, empty_out):
 def test_a2a_merge_equals_attention_over_the_union(case, base_e):
     """For generated N, rows, heads and record sets with empty ranks (LSE -inf, output 0),
     the shipped A2A pack -> all-to-all -> unpack-combine gives every rank, for its head slice,
-    attention over the union of the records and the union's LSE.
-
-    Unlike AG+RS, the A2A combine multiplies an empty rank's output by a zero weight, so a NaN
-    there propagates: attention kernels must write 0 (not garbage) for rows with no records."""
+    attention over the union of the records and the union's LSE."""
+    # Unlike AG+RS, the A2A combine multiplies an empty rank's output by a zero weight, so a NaN
+    # there propagates: attention kernels must write 0 (not garbage) for rows with no records.
     a2a = load_shipped_triton(A2A)
     outs, lses, ref_out, ref_lse = partial_attention(case, base_e, 0.0)
     n = len(outs)
