@@ -102,7 +102,7 @@ def test_fp8_merge_matches_exact_lse_merge(n, t, hl, empty_rank, seed):
     if 0 <= empty_rank < n:
         lses[empty_rank][0] = float("-inf")
         outs[empty_rank][0] = 0.0
-    sent = [wire.pack_partials(o, lse, n) for o, lse in zip(outs, lses)]
+    sent = [wire.pack_partials(o, lse, n) for o, lse in zip(outs, lses, strict=True)]
     for rank in range(n):
         heads = slice(rank * hl, (rank + 1) * hl)
         received = torch.stack([sent[p][rank] for p in range(n)])  # the all-to-all

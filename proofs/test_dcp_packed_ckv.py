@@ -441,7 +441,7 @@ def test_workspace_holds_every_chunk_up_to_max_model_len(n, interleave, max_mode
                                      max_size=nreq - 1)))
     total = data.draw(st.integers(nreq, max(nreq, max_model_len)))
     bounds = [0] + [min(c, total) for c in cuts] + [total]
-    lens = [max(1, b - a) for a, b in zip(bounds, bounds[1:])]
+    lens = [max(1, b - a) for a, b in zip(bounds, bounds[1:], strict=False)]
     while sum(lens) > max(total, nreq):
         lens[lens.index(max(lens))] -= 1
     plan = ckv.plan_chunk(lens, n, interleave)
