@@ -53,8 +53,9 @@ def test_round_trip_within_e4m3_bound_per_block(dim, rows, magnitude, zero_block
 
 
 @settings(max_examples=50, deadline=None)
-@given(special=st.sampled_from([float("inf"), float("-inf"), float("nan")]),
-       seed=st.integers(0, 1000))
+@given(
+    special=st.sampled_from([float("inf"), float("-inf"), float("nan")]), seed=st.integers(0, 1000)
+)
 def test_scales_stay_finite_on_non_finite_input(special, seed):
     """Non-finite inputs never produce a zero, inf or NaN scale."""
     x = torch.randn(3, 576, generator=torch.Generator().manual_seed(seed))
@@ -64,8 +65,12 @@ def test_scales_stay_finite_on_non_finite_input(special, seed):
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.sampled_from([2, 3, 4]), t=st.integers(1, 5), hl=st.integers(1, 3),
-       seed=st.integers(0, 2**16))
+@given(
+    n=st.sampled_from([2, 3, 4]),
+    t=st.integers(1, 5),
+    hl=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
 def test_query_gather_keeps_own_slice_exact(n, t, hl, seed):
     """The fp8 query all-gather gives each rank its own heads bit-exact and every
     other rank's heads within the e4m3 bound."""
@@ -76,7 +81,7 @@ def test_query_gather_keeps_own_slice_exact(n, t, hl, seed):
         full = wire.assemble_gathered_queries(gathered, rank, qs[rank])
         assert full.shape == (t, n * hl, 576) and full.dtype == torch.bfloat16
         for p in range(n):
-            part = full[:, p * hl:(p + 1) * hl]
+            part = full[:, p * hl : (p + 1) * hl]
             if p == rank:
                 assert torch.equal(part, qs[rank])
             else:
@@ -89,8 +94,13 @@ def test_query_gather_keeps_own_slice_exact(n, t, hl, seed):
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.sampled_from([2, 3, 4]), t=st.integers(1, 4), hl=st.integers(1, 3),
-       empty_rank=st.integers(-1, 3), seed=st.integers(0, 2**16))
+@given(
+    n=st.sampled_from([2, 3, 4]),
+    t=st.integers(1, 4),
+    hl=st.integers(1, 3),
+    empty_rank=st.integers(-1, 3),
+    seed=st.integers(0, 2**16),
+)
 def test_fp8_merge_matches_exact_lse_merge(n, t, hl, empty_rank, seed):
     """Merging fp8 partials in fp32 matches the exact LSE merge within the e4m3
     bound of the partials, uses the own partial exactly, and gives 0 for rows
@@ -106,8 +116,7 @@ def test_fp8_merge_matches_exact_lse_merge(n, t, hl, empty_rank, seed):
     for rank in range(n):
         heads = slice(rank * hl, (rank + 1) * hl)
         received = torch.stack([sent[p][rank] for p in range(n)])  # the all-to-all
-        merged = wire.merge_partials(received, rank, outs[rank][:, heads],
-                                     lses[rank][:, heads], v)
+        merged = wire.merge_partials(received, rank, outs[rank][:, heads], lses[rank][:, heads], v)
         lse_stack = torch.stack([lse[:, heads] for lse in lses]).double()
         glob = torch.logsumexp(lse_stack, 0)
         w = torch.exp(lse_stack - glob).nan_to_num(0.0)
@@ -120,9 +129,11 @@ def test_fp8_merge_matches_exact_lse_merge(n, t, hl, empty_rank, seed):
             bound += w[p][..., None] * e4m3_bound(o, wire.fp8_wire_scales(o).double())
         assert ((merged.double() - exact).abs() <= bound + 1e-5).all()
     # all partials empty for a row -> zeros
-    empty = [wire.pack_partials(torch.zeros(1, n, v), torch.full((1, n), -math.inf), n)
-             for _ in range(n)]
+    empty = [
+        wire.pack_partials(torch.zeros(1, n, v), torch.full((1, n), -math.inf), n) for _ in range(n)
+    ]
     received = torch.stack([empty[p][0] for p in range(n)])
-    merged = wire.merge_partials(received, 0, torch.zeros(1, 1, v),
-                                 torch.full((1, 1), -math.inf), v)
+    merged = wire.merge_partials(
+        received, 0, torch.zeros(1, 1, v), torch.full((1, 1), -math.inf), v
+    )
     assert torch.equal(merged, torch.zeros(1, 1, v))

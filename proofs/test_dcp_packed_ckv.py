@@ -44,8 +44,11 @@ def encode_records(latent: torch.Tensor) -> torch.Tensor:
     q = (nope / scale[..., None]).to(torch.float8_e4m3fn).view(torch.uint8)
     rope = latent[:, 512:].to(torch.bfloat16).contiguous().view(torch.uint8)
     return torch.cat(
-        [q.reshape(n, 512), scale.contiguous().view(torch.uint8).reshape(n, 16),
-         rope.reshape(n, 128)],
+        [
+            q.reshape(n, 512),
+            scale.contiguous().view(torch.uint8).reshape(n, 16),
+            rope.reshape(n, 128),
+        ],
         dim=1,
     )
 
@@ -101,8 +104,7 @@ def geometries(draw, allow_missing=True):
     if allow_missing and draw(st.booleans()):
         for _ in range(draw(st.integers(1, 3))):
             r = draw(st.integers(0, nreq - 1))
-            pages = -(-ckv.dcp_local_len(seq_lens[r], n, interleave, 0)
-                      // ckv.PAGE_RECORDS)
+            pages = -(-ckv.dcp_local_len(seq_lens[r], n, interleave, 0) // ckv.PAGE_RECORDS)
             missing.add((draw(st.integers(0, n - 1)), r, draw(st.integers(0, pages - 1))))
     return Geometry(
         n=n,
@@ -123,17 +125,14 @@ class Sim:
         g = torch.Generator().manual_seed(geo.seed)
         self.geo = geo
         n, i = geo.n, geo.interleave
-        self.records = [
-            encode_records(torch.randn(s, 576, generator=g)) for s in geo.seq_lens
-        ]
+        self.records = [encode_records(torch.randn(s, 576, generator=g)) for s in geo.seq_lens]
         self.nreq = len(geo.seq_lens)
         max_local = max(ckv.dcp_local_len(s, n, i, 0) for s in geo.seq_lens)
         self.max_blocks = -(-max_local // BLOCK_SIZE) + 1
         nb = self.nreq * self.max_blocks + 3
         self.kv, self.bt = [], []
         for p in range(n):
-            kv = torch.randint(0, 256, (nb, BLOCK_SIZE, RB), dtype=torch.uint8,
-                               generator=g)
+            kv = torch.randint(0, 256, (nb, BLOCK_SIZE, RB), dtype=torch.uint8, generator=g)
             bt = torch.randperm(nb, generator=g)[: self.nreq * self.max_blocks]
             bt = bt.view(self.nreq, self.max_blocks).to(torch.int32).contiguous()
             for r, s in enumerate(geo.seq_lens):
@@ -146,11 +145,10 @@ class Sim:
             self.bt.append(bt)
         self.seq_lens = torch.tensor(geo.seq_lens, dtype=torch.int32)
         qlens = torch.tensor(geo.query_lens, dtype=torch.int32)
-        self.qsl = torch.cat([torch.zeros(1, dtype=torch.int32),
-                              torch.cumsum(qlens, 0, dtype=torch.int32)])
-        self.req_id = torch.repeat_interleave(
-            torch.arange(self.nreq, dtype=torch.int32), qlens
+        self.qsl = torch.cat(
+            [torch.zeros(1, dtype=torch.int32), torch.cumsum(qlens, 0, dtype=torch.int32)]
         )
+        self.req_id = torch.repeat_interleave(torch.arange(self.nreq, dtype=torch.int32), qlens)
         self.causal = ckv.row_causal_lens(self.seq_lens, self.qsl, self.req_id)
         rows = []
         for row in range(self.req_id.shape[0]):
@@ -182,10 +180,19 @@ class Sim:
             sec = torch.full((plan.section_bytes,), poison or 0, dtype=torch.uint8)
             if poison is None:
                 sec = torch.randint(0, 256, (plan.section_bytes,), dtype=torch.uint8)
-            pack(self.kv[p], self.bt[p], self.seq_lens, self.req_base, sec, plan,
-                 dcp_size=self.geo.n, dcp_rank=p, interleave=self.geo.interleave)
-            fill = sec[plan.data_pages * plan.page_bytes:]
-            for (owner, r, page) in self.geo.missing:
+            pack(
+                self.kv[p],
+                self.bt[p],
+                self.seq_lens,
+                self.req_base,
+                sec,
+                plan,
+                dcp_size=self.geo.n,
+                dcp_rank=p,
+                interleave=self.geo.interleave,
+            )
+            fill = sec[plan.data_pages * plan.page_bytes :]
+            for owner, r, page in self.geo.missing:
                 if owner == p:
                     fill[int(self.req_base[r]) + page] = 0
             sections.append(sec)
@@ -197,9 +204,19 @@ class Sim:
         out = torch.empty((t, k), dtype=torch.int32)
         counts = torch.empty(t, dtype=torch.int32)
         missing = torch.zeros(1, dtype=torch.int32)
-        fn(self.topk, self.req_id, self.causal, self.req_base, gathered, self.plan,
-           dcp_size=self.geo.n, interleave=self.geo.interleave, out=out,
-           counts=counts, missing=missing)
+        fn(
+            self.topk,
+            self.req_id,
+            self.causal,
+            self.req_base,
+            gathered,
+            self.plan,
+            dcp_size=self.geo.n,
+            interleave=self.geo.interleave,
+            out=out,
+            counts=counts,
+            missing=missing,
+        )
         return out, counts, int(missing[0])
 
     def expected_kept(self, row: int) -> tuple[list[int], int]:
@@ -244,8 +261,9 @@ def test_inverted_route_equals_stock_route(geo):
                     continue
                 owner, loc = sim.owner_local(gid)
                 if owner == p:
-                    idx[row, c] = (int(sim.bt[p][r, loc // BLOCK_SIZE]) * BLOCK_SIZE
-                                   + loc % BLOCK_SIZE)
+                    idx[row, c] = (
+                        int(sim.bt[p][r, loc // BLOCK_SIZE]) * BLOCK_SIZE + loc % BLOCK_SIZE
+                    )
         kv_deq = decode_records(sim.kv[p].view(-1, RB))
         o, lse = ref_attention(q_all, kv_deq, idx, scale)
         outs.append(o)
@@ -267,8 +285,7 @@ def test_inverted_route_equals_stock_route(geo):
         torch.testing.assert_close(o, stock[:, heads], rtol=1e-6, atol=1e-6)
         finite = torch.isfinite(lse_glob[:, heads])
         assert torch.equal(finite, torch.isfinite(lse))
-        torch.testing.assert_close(lse[finite], lse_glob[:, heads][finite],
-                                   rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(lse[finite], lse_glob[:, heads][finite], rtol=1e-6, atol=1e-6)
 
 
 @PROOF_SETTINGS
@@ -287,7 +304,7 @@ def test_remap_reads_owner_record(geo):
         kept, miss = sim.expected_kept(row)
         total_missing += miss
         assert int(counts[row]) == len(kept)
-        assert (idx[row, len(kept):] == -1).all()
+        assert (idx[row, len(kept) :] == -1).all()
         for c, gid in enumerate(kept):
             assert torch.equal(records[int(idx[row, c])], sim.records[r][gid])
     assert missing == total_missing
@@ -303,8 +320,7 @@ def test_gather_layout_is_byte_exact(geo, poison):
     n, i, p_rec = geo.n, geo.interleave, ckv.PAGE_RECORDS
     plan = sim.plan
     gathered = sim.gather(poison=poison)
-    assert torch.equal(gathered, sim.gather(pack=ckv.pack_local_records_ref,
-                                            poison=poison))
+    assert torch.equal(gathered, sim.gather(pack=ckv.pack_local_records_ref, poison=poison))
     records = gathered.view(-1, RB)
     image: set[int] = set()
     for r, s in enumerate(geo.seq_lens):
@@ -317,17 +333,18 @@ def test_gather_layout_is_byte_exact(geo, poison):
             assert torch.equal(records[slot], sim.records[r][t])
     # fill bytes: number of records each (owner, page) holds
     for owner in range(n):
-        fill = gathered[owner * plan.section_bytes + plan.data_pages * plan.page_bytes:]
+        fill = gathered[owner * plan.section_bytes + plan.data_pages * plan.page_bytes :]
         for r, s in enumerate(geo.seq_lens):
             nloc = ckv.dcp_local_len(s, n, i, owner)
             pages = -(-ckv.dcp_local_len(s, n, i, 0) // p_rec)
             for j in range(pages):
-                assert int(fill[int(sim.req_base[r]) + j]) == min(max(nloc - j * p_rec, 0),
-                                                                  p_rec)
+                assert int(fill[int(sim.req_base[r]) + j]) == min(max(nloc - j * p_rec, 0), p_rec)
     # padding (every data slot outside the image) kept the poison byte
     for owner in range(n):
-        for slot in range(owner * plan.section_pages * p_rec,
-                          (owner * plan.section_pages + plan.data_pages) * p_rec):
+        for slot in range(
+            owner * plan.section_pages * p_rec,
+            (owner * plan.section_pages + plan.data_pages) * p_rec,
+        ):
             if slot not in image:
                 assert (records[slot] == poison).all()
     idx, _, missing = sim.remap(gathered)
@@ -349,8 +366,13 @@ def test_triton_remap_equals_reference(geo):
 
 
 ROUTE_SPEC = ckv.size_ckv_workspace(
-    max_model_len=131072, max_num_seqs=8, max_num_batched_tokens=8192, dcp_size=2,
-    interleave=1, topk=2048, budget_bytes=2**31,
+    max_model_len=131072,
+    max_num_seqs=8,
+    max_num_batched_tokens=8192,
+    dcp_size=2,
+    interleave=1,
+    topk=2048,
+    budget_bytes=2**31,
 )
 
 
@@ -364,15 +386,19 @@ ROUTE_SPEC = ckv.size_ckv_workspace(
     eligible=st.booleans(),
     data=st.data(),
 )
-def test_route_decision_is_rank_invariant(mode, n, interleave, seq_lens, heads,
-                                          eligible, data):
+def test_route_decision_is_rank_invariant(mode, n, interleave, seq_lens, heads, eligible, data):
     """Every simulated rank, seeing only its own shard plus the replicated
     metadata, takes the same route with the same section plan, and the device
     page bases agree with the host plan; auto picks ckv only when it moves
     fewer bytes and the chunk fits the workspace."""
     spec = ckv.size_ckv_workspace(
-        max_model_len=131072, max_num_seqs=8, max_num_batched_tokens=8192,
-        dcp_size=n, interleave=interleave, topk=2048, budget_bytes=2**34,
+        max_model_len=131072,
+        max_num_seqs=8,
+        max_num_batched_tokens=8192,
+        dcp_size=n,
+        interleave=interleave,
+        topk=2048,
+        budget_bytes=2**34,
     )
     rows = data.draw(st.integers(1, 8192))
     decisions = set()
@@ -381,8 +407,14 @@ def test_route_decision_is_rank_invariant(mode, n, interleave, seq_lens, heads,
         local = [ckv.dcp_local_len(s, n, interleave, rank) for s in seq_lens]
         assert sum(local) <= sum(seq_lens)
         route, plan = ckv.select_prefill_route(
-            mode, eligible=eligible, seq_lens=list(seq_lens), num_rows=rows,
-            num_local_heads=heads, dcp_size=n, interleave=interleave, spec=spec,
+            mode,
+            eligible=eligible,
+            seq_lens=list(seq_lens),
+            num_rows=rows,
+            num_local_heads=heads,
+            dcp_size=n,
+            interleave=interleave,
+            spec=spec,
         )
         decisions.add((route, plan))
         if plan is not None:
@@ -407,11 +439,15 @@ def test_auto_returns_to_query_route_at_long_context():
     """With a fixed chunk, auto takes the ckv route at 8k accumulated tokens and
     the query route again once the accumulated context passes the crossover."""
     spec = ckv.size_ckv_workspace(
-        max_model_len=4_000_000, max_num_seqs=1, max_num_batched_tokens=2048,
-        dcp_size=2, interleave=1, topk=2048, budget_bytes=2**40,
+        max_model_len=4_000_000,
+        max_num_seqs=1,
+        max_num_batched_tokens=2048,
+        dcp_size=2,
+        interleave=1,
+        topk=2048,
+        budget_bytes=2**40,
     )
-    kw = dict(eligible=True, num_rows=2048, num_local_heads=32, dcp_size=2,
-              interleave=1, spec=spec)
+    kw = dict(eligible=True, num_rows=2048, num_local_heads=32, dcp_size=2, interleave=1, spec=spec)
     cross = ckv.ckv_crossover_tokens(2048, 32, 2)
     assert ckv.select_prefill_route("auto", seq_lens=[8192], **kw)[0] == "ckv"
     assert ckv.select_prefill_route("auto", seq_lens=[cross - 4096], **kw)[0] == "ckv"
@@ -427,18 +463,24 @@ def test_auto_returns_to_query_route_at_long_context():
     max_num_seqs=st.integers(1, 64),
     data=st.data(),
 )
-def test_workspace_holds_every_chunk_up_to_max_model_len(n, interleave, max_model_len,
-                                                         max_num_seqs, data):
+def test_workspace_holds_every_chunk_up_to_max_model_len(
+    n, interleave, max_model_len, max_num_seqs, data
+):
     """Every chunk of at most max_num_seqs requests holding at most max_model_len
     tokens in total fits the workspace sized at start-up."""
     spec = ckv.size_ckv_workspace(
-        max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=8192, dcp_size=n, interleave=interleave, topk=2048,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=8192,
+        dcp_size=n,
+        interleave=interleave,
+        topk=2048,
         budget_bytes=2**40,
     )
     nreq = data.draw(st.integers(1, max_num_seqs))
-    cuts = sorted(data.draw(st.lists(st.integers(0, max_model_len), min_size=nreq - 1,
-                                     max_size=nreq - 1)))
+    cuts = sorted(
+        data.draw(st.lists(st.integers(0, max_model_len), min_size=nreq - 1, max_size=nreq - 1))
+    )
     total = data.draw(st.integers(nreq, max(nreq, max_model_len)))
     bounds = [0] + [min(c, total) for c in cuts] + [total]
     lens = [max(1, b - a) for a, b in zip(bounds, bounds[1:], strict=False)]
@@ -453,13 +495,21 @@ def test_workspace_error_names_the_knobs():
     """A workspace over budget fails at start-up with the sizes and the knobs."""
     with pytest.raises(ValueError, match="max_model_len=1048576.*dcp_ckv_workspace_mib"):
         ckv.size_ckv_workspace(
-            max_model_len=1 << 20, max_num_seqs=256, max_num_batched_tokens=16384,
-            dcp_size=2, interleave=1, topk=2048, budget_bytes=256 << 20,
+            max_model_len=1 << 20,
+            max_num_seqs=256,
+            max_num_batched_tokens=16384,
+            dcp_size=2,
+            interleave=1,
+            topk=2048,
+            budget_bytes=256 << 20,
         )
 
 
-@settings(max_examples=6, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(geometries())
 def test_inverted_route_equals_stock_route_with_shipped_kernel(geo):
     """With the shipped Triton sparse-MLA kernel (patch 0002) on both sides, the
@@ -471,8 +521,7 @@ def test_inverted_route_equals_stock_route_with_shipped_kernel(geo):
     n, hl = geo.n, geo.heads_local
     g = torch.Generator().manual_seed(geo.seed + 2)
     t = sim.topk.shape[0]
-    q_local = [torch.randn(t, hl, 576, generator=g).to(torch.bfloat16)
-               for _ in range(n)]
+    q_local = [torch.randn(t, hl, 576, generator=g).to(torch.bfloat16) for _ in range(n)]
     scale = 576**-0.5
     q_all = torch.cat(q_local, dim=1)
     outs, lses = [], []
@@ -485,8 +534,9 @@ def test_inverted_route_equals_stock_route_with_shipped_kernel(geo):
                     continue
                 owner, loc = sim.owner_local(gid)
                 if owner == p:
-                    idx[row, c] = (int(sim.bt[p][r, loc // BLOCK_SIZE]) * BLOCK_SIZE
-                                   + loc % BLOCK_SIZE)
+                    idx[row, c] = (
+                        int(sim.bt[p][r, loc // BLOCK_SIZE]) * BLOCK_SIZE + loc % BLOCK_SIZE
+                    )
         o, lse = kernel.sparse_mla_fp8_ds_mla_attention(q_all, sim.kv[p], idx, scale)
         outs.append(o.float())
         lses.append(lse)
@@ -506,5 +556,4 @@ def test_inverted_route_equals_stock_route_with_shipped_kernel(geo):
         torch.testing.assert_close(o.float(), stock[:, heads], rtol=2e-2, atol=2e-2)
         finite = torch.isfinite(lse_glob[:, heads])
         assert torch.equal(finite, torch.isfinite(lse))
-        torch.testing.assert_close(lse[finite], lse_glob[:, heads][finite],
-                                   rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(lse[finite], lse_glob[:, heads][finite], rtol=1e-4, atol=1e-4)

@@ -91,9 +91,7 @@ def _load_glue(rank: int, world: int):
     ckv = load_leaf("vllm/v1/attention/ops/dcp_packed_ckv.py")
     ledger = load_leaf("vllm/v1/attention/ops/dcp_comm_ledger.py")
     kernel = load_leaf("vllm/v1/attention/ops/triton_sparse_mla.py")
-    group = SimpleNamespace(
-        rank_in_group=rank, world_size=world, device_group=dist.group.WORLD
-    )
+    group = SimpleNamespace(rank_in_group=rank, world_size=world, device_group=dist.group.WORLD)
     glue = _exec_with_stand_ins(
         GLUE,
         {
@@ -137,8 +135,10 @@ def _worker(rank: int, world: int, port: int, geo, results) -> None:
         sim = proof.Sim(geo)  # identical on every rank (seeded)
         t = sim.topk.shape[0]
         g = torch.Generator().manual_seed(geo.seed + 3)
-        q_local = [torch.randn(t, geo.heads_local, 576, generator=g).to(torch.bfloat16)
-                   for _ in range(world)]
+        q_local = [
+            torch.randn(t, geo.heads_local, 576, generator=g).to(torch.bfloat16)
+            for _ in range(world)
+        ]
         scale = 576**-0.5
         meta = Metadata(
             num_decode_tokens=0,
@@ -151,16 +151,19 @@ def _worker(rank: int, world: int, port: int, geo, results) -> None:
             block_table=sim.bt[rank],
         )
         route = glue.DcpPackedCkvPrefill(
-            _vllm_config(world, geo.interleave, "ckv"), geo.heads_local,
-            "fp8_ds_mla", torch.device("cpu"),
+            _vllm_config(world, geo.interleave, "ckv"),
+            geo.heads_local,
+            "fp8_ds_mla",
+            torch.device("cpu"),
         )
         state = route.select(meta, t)
         assert state is not None, "an eligible pure-prefill chunk must take ckv"
         assert route.select(meta, t) is state  # one decision per step
         topk_buffer = torch.cat([sim.topk, torch.full_like(sim.topk, -7)])  # oversized
         q = q_local[rank]
-        out = route.forward(q[..., :512], q[..., 512:], sim.kv[rank], meta, state,
-                            topk_buffer, scale)
+        out = route.forward(
+            q[..., :512], q[..., 512:], sim.kv[rank], meta, state, topk_buffer, scale
+        )
         # stock route with the same kernel: query all-gather, shard, LSE merge
         q_all = torch.cat(q_local, dim=1)
         outs, lses = [], []
@@ -173,8 +176,10 @@ def _worker(rank: int, world: int, port: int, geo, results) -> None:
                         continue
                     owner, loc = sim.owner_local(gid)
                     if owner == p:
-                        idx[row, c] = (int(sim.bt[p][r, loc // proof.BLOCK_SIZE])
-                                       * proof.BLOCK_SIZE + loc % proof.BLOCK_SIZE)
+                        idx[row, c] = (
+                            int(sim.bt[p][r, loc // proof.BLOCK_SIZE]) * proof.BLOCK_SIZE
+                            + loc % proof.BLOCK_SIZE
+                        )
             o, lse = kernel.sparse_mla_fp8_ds_mla_attention(q_all, sim.kv[p], idx, scale)
             outs.append(o.float())
             lses.append(lse)
@@ -209,9 +214,16 @@ def test_glue_matches_stock_route_across_processes(n, interleave, seq_lens, quer
     query route."""
     import test_dcp_packed_ckv as proof
 
-    geo = proof.Geometry(n=n, interleave=interleave, seq_lens=seq_lens,
-                         query_lens=query_lens, heads_local=2, topk=32, seed=5,
-                         missing=set())
+    geo = proof.Geometry(
+        n=n,
+        interleave=interleave,
+        seq_lens=seq_lens,
+        query_lens=query_lens,
+        heads_local=2,
+        topk=32,
+        seed=5,
+        missing=set(),
+    )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
