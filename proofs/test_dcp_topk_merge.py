@@ -6,12 +6,15 @@ Order (that of the CuteDSL selector's 64-bit key ``ordered(bits(score)) << 32 | 
 descending as a total order on fp32 bit patterns (``+0.0`` above ``-0.0``), then token id
 ascending; invalid candidates (id -1) after every valid one, valid ``-inf`` scores included.
 Exactness needs each rank's local top-k to use the same order on its own tokens (then a global
-winner is always among its owner's local candidates); the ranks agree on the result whatever
-their local order, because the selection depends only on the multiset of gathered candidates.
+winner is always among its owner's local candidates). With any other local tie order the merged
+row still holds the global top-k's multiset of scores, only the ids among equal scores at the
+boundary may differ; and the ranks agree on the result whatever their local order, because the
+selection depends only on the multiset of gathered candidates.
 """
 
 from __future__ import annotations
 
+import random
 import struct
 
 import torch
@@ -54,13 +57,20 @@ def sharded_rows(draw):
     return n, interleave, k, width, rows, lengths, row_offsets
 
 
-def local_topk(scores: list[float], local_tokens: list[int], k: int) -> list[int]:
-    """A rank's local top-k positions in its shard, in the merge's order, -1 padded."""
-    order = sorted(range(len(local_tokens)), key=lambda p: rank_order(scores[p], p))[:k]
+def local_topk(
+    scores: list[float], local_tokens: list[int], k: int, ties: random.Random | None = None
+) -> list[int]:
+    """A rank's local top-k positions in its shard, -1 padded; ties to the smaller position
+    (the merge's order), or in a random order when ``ties`` is given."""
+    salt = [ties.random() if ties else p for p in range(len(local_tokens))]
+    order = sorted(range(len(local_tokens)), key=lambda p: (-f32_order(scores[p]), salt[p]))
+    order = order[:k]
     return order + [-1] * (k - len(order))
 
 
-def gather_candidates(merge, n, interleave, k, width, rows, lengths, row_offsets):
+def gather_candidates(
+    merge, n, interleave, k, width, rows, lengths, row_offsets, ties: random.Random | None = None
+):
     """Every rank's packed (score, global id) candidates, concatenated in rank order."""
     packed = []
     for rank in range(n):
@@ -68,7 +78,7 @@ def gather_candidates(merge, n, interleave, k, width, rows, lengths, row_offsets
         local_scores = [[row[t] for t in owned] for row in rows]
         topk = torch.tensor(
             [
-                local_topk(ls, [t for t in owned if t < length], k)
+                local_topk(ls, [t for t in owned if t < length], k, ties)
                 for ls, length in zip(local_scores, lengths, strict=True)
             ],
             dtype=torch.int32,
@@ -102,6 +112,24 @@ def test_merge_equals_topk_over_concatenated_scores(case):
     for r, (row, length) in enumerate(zip(rows, lengths, strict=True)):
         best = sorted(range(length), key=lambda t: rank_order(row[t], t))[:k]
         assert merged[r].tolist() == best + [-1] * (k - len(best))
+
+
+@SETTINGS
+@given(case=sharded_rows(), seed=st.integers(0, 2**32 - 1))
+def test_any_local_tie_order_keeps_the_global_top_k_scores(case, seed):
+    """Whatever order the ranks' local top-k kernels break ties in, the merged row selects the
+    same multiset of scores (and the same number of -1) as the top-k of the whole row."""
+    merge = load_leaf(TOPK_MERGE)
+    n, interleave, k, width, rows, lengths, row_offsets = case
+    gathered = gather_candidates(
+        merge, n, interleave, k, width, rows, lengths, row_offsets, random.Random(seed)
+    )
+    merged = merge.stable_topk_from_gathered_candidates_torch(gathered, k)
+    for r, (row, length) in enumerate(zip(rows, lengths, strict=True)):
+        best = sorted(range(length), key=lambda t: rank_order(row[t], t))[:k]
+        got = [t for t in merged[r].tolist() if t >= 0]
+        assert len(got) == len(best)
+        assert sorted(f32_order(row[t]) for t in got) == sorted(f32_order(row[t]) for t in best)
 
 
 @SETTINGS
