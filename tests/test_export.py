@@ -172,6 +172,7 @@ def test_standalone_check_reports_a_patch_that_applies_nowhere(tmp_path: Path) -
 
 
 def test_check_runs_the_patch_tests_against_the_changed_files(tmp_path: Path) -> None:
+    """The runner sees base + this patch, and every series path (for a series-patched install)."""
     data = patch_bytes(
         {
             "vllm/mod.py": (b"VALUE = 1\n", b"VALUE = 2\n"),
@@ -179,20 +180,37 @@ def test_check_runs_the_patch_tests_against_the_changed_files(tmp_path: Path) ->
         },
         subject="[PATCH] [Core] Two",
     )
+    other = patch_bytes({"vllm/other.py": (b"O = 1\n", b"O = 3\n")}, subject="[PATCH] [Core] O")
     root, base = tmp_path / "repo", tmp_path / "base"
-    write_repo(root, base, {"vllm/mod.py": b"VALUE = 1\n"}, [("vllm/0001-two.patch", data)])
+    write_repo(
+        root,
+        base,
+        {"vllm/mod.py": b"VALUE = 1\n", "vllm/other.py": b"O = 1\n"},
+        [("vllm/0001-two.patch", data), ("vllm/0002-other.patch", other)],
+    )
     patches = load_series(root)
     calls = []
 
     def runner(tree: Path, changed: Sequence[str], tests: Sequence[str]) -> TestRun:
-        calls.append((list(changed), list(tests), (tree / "vllm/mod.py").read_bytes()))
+        files = {p: (tree / p).read_bytes() for p in changed}
+        calls.append((files, list(tests)))
         return TestRun(tuple(tests), True, "1 passed in 0.01s")
 
-    [result] = check_standalone(
+    first, second = check_standalone(
         patches, patches, mboxes_for(root), {"vllm": base}, tmp_path / "w", run_tests=runner
     )
-    assert calls == [(["tests/test_mod.py", "vllm/mod.py"], ["tests/test_mod.py"], b"VALUE = 2\n")]
-    assert result.passed and result.tests and result.tests.summary == "1 passed in 0.01s"
+    assert calls == [
+        (
+            {
+                "tests/test_mod.py": b"def test_value():\n    pass\n",
+                "vllm/mod.py": b"VALUE = 2\n",
+                "vllm/other.py": b"O = 1\n",
+            },
+            ["tests/test_mod.py"],
+        )
+    ]
+    assert first.passed and first.tests and first.tests.summary == "1 passed in 0.01s"
+    assert second.passed and second.tests is None
 
 
 def fake_install(tmp_path: Path) -> Path:
@@ -231,6 +249,15 @@ def test_overlay_runner_imports_the_patched_package(tmp_path: Path, patched: boo
     run = runner(tree, changed, ["tests/test_mod.py"])
     assert run.ok is patched, run.output_tail
     assert ("1 passed" in run.summary) is patched
+
+
+def test_runner_reports_a_module_skipped_on_cpu_as_not_run(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    skipped = b'import pytest\n\npytest.skip("CUDA required", allow_module_level=True)\n'
+    write_tree(tree, {"vllm/__init__.py": b"", "tests/test_gpu.py": skipped})
+    runner = OverlayTestRunner(workdir=tmp_path, installed=fake_install(tmp_path))
+    run = runner(tree, [], ["tests/test_gpu.py"])
+    assert run.ok is None and run.summary == "not run on CPU: CUDA required"
 
 
 def test_runner_without_vllm_reports_not_run(tmp_path: Path) -> None:

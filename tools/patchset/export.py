@@ -43,6 +43,8 @@ _PYTEST_COUNTS = re.compile(
 )
 
 Log = Callable[[str], None]
+PYTEST_NO_TESTS = 5
+"""pytest's exit code when no test ran (here: every module skipped itself)."""
 
 
 def _quiet(_: str) -> None:
@@ -374,7 +376,10 @@ def _check_one(
     tests = None
     files = test_files(patch)
     if run_tests is not None and files:
-        changed = repo.changed_paths(base, "HEAD")
+        # Every path the series touches is laid over the installed package from this tree
+        # (base + dependencies + patch), so even a series-patched install runs standalone.
+        series_paths = {path for p in patches if p.target == patch.target for path in p.paths}
+        changed = sorted(set(repo.changed_paths(base, "HEAD")) | series_paths)
         tests = run_tests(repo.path, changed, files)
     elif files:
         tests = TestRun(files, None, "not run (no test runner)")
@@ -493,7 +498,7 @@ class OverlayTestRunner:
             shutil.copytree(tree / "tests", run / "run" / "tests", symlinks=True)
             env = {**os.environ, **(self.env or {})}
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(overlay), self.extra_path) if p)
-            argv = [self.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
+            argv = [self.python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *files]
             try:
                 proc = subprocess.run(
                     argv,
@@ -507,6 +512,11 @@ class OverlayTestRunner:
             except subprocess.TimeoutExpired:
                 return TestRun(files, False, f"timed out after {self.timeout_s} s")
         lines = (proc.stdout + proc.stderr).strip().splitlines()
+        if proc.returncode == PYTEST_NO_TESTS:
+            # Every test skipped itself at module level (e.g. "CUDA required"): not a CPU test.
+            reasons = [line for line in lines if line.startswith("SKIPPED")]
+            why = reasons[0].split(": ", 1)[-1] if reasons else pytest_summary(lines)
+            return TestRun(files, None, f"not run on CPU: {why}", tuple(lines[-15:]))
         return TestRun(files, proc.returncode == 0, pytest_summary(lines), tuple(lines[-15:]))
 
 
