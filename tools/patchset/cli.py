@@ -298,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base", action="append", help="TARGET=DIR pristine base (default: fetch)")
     p.set_defaults(func=cmd_lock)
     _add_dist_commands(sub)
+    _add_upstream_commands(sub)
     return parser
 
 
@@ -342,6 +343,179 @@ def _add_dist_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore
     p.add_argument("--out", help="output directory (default: dist)")
     p.add_argument("--offline", action="store_true", help="never run pip; use the cache only")
     p.set_defaults(func=cmd_wheel)
+
+
+# ----------------------------------------------------------------------------------------------
+# Upstream commands (export, lint, rebase): adapters over patchset.export, patchset.lint and
+# patchset.rebase. Owned by the upstream-export work; see design/upstreaming.md.
+
+
+def _pristine_bases(
+    args: argparse.Namespace, repo: Path, targets: Sequence[str]
+) -> dict[str, Path]:
+    given: dict[str, Path] = {}
+    for spec in getattr(args, "base", None) or []:
+        target, sep, directory = spec.rpartition("=")
+        given[target if sep else "vllm"] = Path(directory).resolve()
+    bases: dict[str, Path] = {}
+    for target in dict.fromkeys(targets):
+        if target in given:
+            bases[target] = given[target]
+        else:
+            from patchset.fetch import pristine_tree
+
+            bases[target] = pristine_tree(
+                target, root=repo, offline=getattr(args, "offline", False)
+            )
+    return bases
+
+
+def cmd_export(args: argparse.Namespace, repo: Path) -> int:
+    import tempfile
+
+    from patchset.export import (
+        OverlayTestRunner,
+        check_standalone,
+        export_patches,
+        mbox_bytes,
+        select,
+        table,
+    )
+
+    series = load_series(repo)
+    selected = select(series, args.patches)
+    dest = Path(args.to).resolve() if args.to else repo / "dist" / "export"
+    exported = export_patches(repo, series, selected, dest)
+    failed = False
+    for item in exported:
+        _info(f"Exported {item.name} -> {item.mbox.relative_to(dest)}, {item.pr_body.name}")
+        for problem in item.problems:
+            failed = True
+            _info(f"  not submittable: {problem}")
+    _info(f"Wrote {len(exported)} mbox(es) and PR bodies to {dest}")
+    if not args.check:
+        return 1 if failed else 0
+    mboxes = {p.name: mbox_bytes(p, (repo / "patches" / p.name).read_bytes()) for p in series}
+    bases = _pristine_bases(args, repo, [p.target for p in selected])
+    (repo / "build").mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=repo / "build", prefix="export-check-") as tmp:
+        runner = None
+        if not args.no_tests:
+            runner = OverlayTestRunner(
+                python=args.test_python, workdir=Path(tmp), extra_path=args.test_path or ""
+            )
+        results = check_standalone(
+            series, selected, mboxes, bases, Path(tmp), run_tests=runner, log=_info
+        )
+    for line in table(results):
+        _info(line)
+    report = {
+        r.name: {
+            "standalone": r.describe(),
+            "verdict": r.verdict,
+            "needs": list(r.needs),
+            "depends_on": list(r.depends_on),
+            "tests": None
+            if r.tests is None
+            else {"files": list(r.tests.files), "ok": r.tests.ok, "summary": r.tests.summary},
+        }
+        for r in results
+    }
+    (dest / "check.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    for r in results:
+        if r.tests is not None and r.tests.ok is False and args.verbose:
+            _info(f"== {r.name}: test output")
+            for line in r.tests.output_tail:
+                _info(f"   {line}")
+    return 1 if failed or not all(r.passed for r in results) else 0
+
+
+def cmd_lint(args: argparse.Namespace, repo: Path) -> int:
+    from patchset.export import select
+    from patchset.lint import lint_patches
+
+    series = load_series(repo)
+    selected = select(series, args.patches)
+    bases = _pristine_bases(args, repo, [p.target for p in selected])
+    ruff = [args.ruff] if args.ruff else None
+    reports = lint_patches(series, selected, bases, ruff=ruff, workdir=repo / "build")
+    bad = 0
+    for report in reports:
+        _info(f"{'FAIL' if report.findings else 'OK':<4} {report.patch}")
+        for finding in report.findings:
+            _info(f"  {finding.describe()}")
+        for note in report.notes:
+            _info(f"  note: {note}")
+        bad += bool(report.findings)
+    _info(f"{len(reports) - bad} of {len(reports)} patch(es) lint-clean")
+    return 1 if bad else 0
+
+
+def cmd_rebase(args: argparse.Namespace, repo: Path) -> int:
+    from patchset.rebase import report_json, run_rebase
+
+    report = run_rebase(
+        repo,
+        args.onto,
+        dry_run=args.dry_run,
+        dest=Path(args.to).resolve() if args.to else None,
+        sdist=Path(args.sdist).resolve() if args.sdist else None,
+        wheel=Path(args.wheel).resolve() if args.wheel else None,
+        workdir=repo / "build",
+        keep=args.keep,
+        log=_info,
+    )
+    for line in report.table():
+        _info(line)
+    summary = ", ".join(f"{n} {s}" for s, n in report.summary().items() if n)
+    _info(
+        f"{report.target} {report.old.version} -> {report.new.version}: {summary or 'no patches'}"
+    )
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(report_json(report), encoding="utf-8")
+        _info(f"Wrote {out}")
+    if args.dry_run:
+        return 0
+    return 1 if report.summary()["conflict"] else 0
+
+
+def _add_upstream_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("export", help="per patch: an upstream mbox and a PR body (--check: apply)")
+    p.add_argument("patches", nargs="*", metavar="PATCH", help="default: every patch")
+    p.add_argument("--to", help="output directory (default: dist/export)")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="git am each mbox onto the pinned base + its Depends-on only; run its tests on CPU",
+    )
+    p.add_argument(
+        "--test-python",
+        default=sys.executable,
+        help="a python with vLLM (and its test deps) installed (default: this one)",
+    )
+    p.add_argument("--test-path", help="extra PYTHONPATH entries for the tests")
+    p.add_argument("--no-tests", action="store_true", help="check application only")
+    p.add_argument("--base", action="append", help="TARGET=DIR pristine base (default: fetch)")
+    p.add_argument("--offline", action="store_true", help="never run pip; use the cache only")
+    p.add_argument("-v", "--verbose", action="store_true", help="show failing test output")
+    p.set_defaults(func=cmd_export)
+    p = sub.add_parser("lint", help="per patch: ruff (the base's config), SPDX, stray prints")
+    p.add_argument("patches", nargs="*", metavar="PATCH", help="default: every patch")
+    p.add_argument("--ruff", help="ruff executable (default: $PATCHSET_RUFF, PATH, -m ruff)")
+    p.add_argument("--base", action="append", help="TARGET=DIR pristine base (default: fetch)")
+    p.add_argument("--offline", action="store_true", help="never run pip; use the cache only")
+    p.set_defaults(func=cmd_lint)
+    p = sub.add_parser("rebase", help="replay the series 3-way onto a newer release")
+    p.add_argument("--onto", required=True, help="e.g. vllm==0.33.0")
+    p.add_argument("--dry-run", action="store_true", help="report only; write nothing")
+    p.add_argument("--to", help="new directory for the rebased series (default: build/rebase-*)")
+    p.add_argument("--sdist", help="use this sdist file instead of pip (still pinned)")
+    p.add_argument("--wheel", help="use this wheel file instead of pip (without --dry-run)")
+    p.add_argument("--json", help="also write the report as JSON to this file")
+    p.add_argument("--keep", action="store_true", help="keep the scratch git repository")
+    p.set_defaults(func=cmd_rebase)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
