@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -327,3 +328,36 @@ def test_export_then_git_am_round_trips(tmp_path_factory, edits, subject_tag: st
     assert "Signed-off-by: " in repo.message()
     if post != LINES:
         assert (repo.path / "a.py").read_bytes() == post
+
+
+def test_cli_export_check_prints_the_table_and_fails_on_a_needed_dependency(
+    tmp_path: Path, capsys
+) -> None:
+    from patchset.cli import main
+
+    root, base = two_patch_repo(tmp_path, declare=False)
+    (root / "pins.toml").write_text("schema_version = 1\n")
+    out = tmp_path / "out"
+    code = main(
+        [
+            "-C",
+            str(root),
+            "export",
+            "--check",
+            "--no-tests",
+            "--to",
+            str(out),
+            "--base",
+            f"vllm={base}",
+        ]
+    )
+    printed = capsys.readouterr().out
+    assert code == 1
+    assert "vllm/0002-two.patch" in printed and "needs vllm/0001-one.patch" in printed
+    check = json.loads((out / "check.json").read_text())
+    assert check["vllm/0002-two.patch"]["needs"] == ["vllm/0001-one.patch"]
+    assert check["vllm/0001-one.patch"]["standalone"] == "standalone OK"
+    assert sorted(p.name for p in (out / "vllm").iterdir())[:2] == [
+        "0001-one.mbox",
+        "0001-one.pr.md",
+    ]

@@ -136,3 +136,20 @@ def test_header_problems_are_findings(tmp_path: Path) -> None:
     messages = [f.message for f in report.findings if f.rule == "header"]
     assert any("'[Tag] Title'" in m for m in messages)
     assert any("Test Plan" in m for m in messages)
+
+
+def test_cli_lint_exit_code_and_findings(tmp_path: Path, capsys) -> None:
+    from patchset.cli import main
+
+    root, tree = tmp_path / "repo", tmp_path / "base"
+    write_tree(tree, {"pyproject.toml": PYPROJECT, "vllm/a.py": CLEAN})
+    bad = patch_bytes({"vllm/a.py": (CLEAN, CLEAN + b"import os\n")}, subject="[Core] Bad")
+    good = patch_bytes({"vllm/b.py": (None, CLEAN)}, subject="[Core] Good")
+    write_tree(root, {"patches/vllm/0001-bad.patch": bad, "patches/vllm/0002-good.patch": good})
+    (root / "series").write_text("vllm/0001-bad.patch\nvllm/0002-good.patch\n")
+    base = ["--base", f"vllm={tree}"]
+    assert main(["-C", str(root), "lint", *base]) == 1
+    printed = capsys.readouterr().out
+    assert "FAIL vllm/0001-bad.patch" in printed and "ruff:F401" in printed
+    assert "OK   vllm/0002-good.patch" in printed
+    assert main(["-C", str(root), "lint", "vllm/0002-good.patch", *base]) == 0

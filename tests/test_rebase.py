@@ -328,3 +328,42 @@ def test_rebase_writes_a_new_series_directory(tmp_path: Path, monkeypatch) -> No
 def load_series_ok(root: Path):
     # the patches/ directory keeps only listed patches, so the series loads cleanly
     return load_series(root)
+
+
+def test_cli_rebase_dry_run_writes_only_the_json_report(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    from patchset.cli import main
+
+    root, old, sdist, _ = rebase_workspace(tmp_path)
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    # the pristine base of the pin comes from the cache: seed it with the old tree's sdist
+    old_sdist = sdist_bytes("vllm-1.0.0", {"a.py": ONE, "b.py": ONE})
+    text = PINS.format(sdist=sha256_bytes(old_sdist), wheel="b" * 64)
+    (root / "pins.toml").write_text(text)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "vllm-1.0.0.tar.gz").write_bytes(old_sdist)
+    before = snapshot(root)
+    report = tmp_path / "report.json"
+    code = main(
+        [
+            "-C",
+            str(root),
+            "rebase",
+            "--onto",
+            "vllm==2.0.0",
+            "--dry-run",
+            "--sdist",
+            str(sdist),
+            "--json",
+            str(report),
+        ]
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "vllm 1.0.0 -> 2.0.0: 1 clean, 1 conflict, 1 absorbed" in printed
+    data = json.loads(report.read_text())
+    assert [p["status"] for p in data["patches"]] == ["clean", "conflict", "absorbed"]
+    after = snapshot(root)
+    # only the pristine unpack of the pinned base under build/ may appear
+    assert {k: v for k, v in after.items() if not k.startswith("build")} == before

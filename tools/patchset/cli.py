@@ -438,6 +438,7 @@ def cmd_lint(args: argparse.Namespace, repo: Path) -> int:
     selected = select(series, args.patches)
     bases = _pristine_bases(args, repo, [p.target for p in selected])
     ruff = [args.ruff] if args.ruff else None
+    (repo / "build").mkdir(exist_ok=True)
     reports = lint_patches(series, selected, bases, ruff=ruff, workdir=repo / "build")
     bad = 0
     for report in reports:
@@ -454,6 +455,7 @@ def cmd_lint(args: argparse.Namespace, repo: Path) -> int:
 def cmd_rebase(args: argparse.Namespace, repo: Path) -> int:
     from patchset.rebase import report_json, run_rebase
 
+    (repo / "build").mkdir(exist_ok=True)
     report = run_rebase(
         repo,
         args.onto,
