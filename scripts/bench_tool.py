@@ -84,6 +84,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", type=Path, default=REPO / "results")
     args = parser.parse_args()
+    host = machine()  # before the runs, so the load average is the one they started under
     patchset = [sys.executable, "-m", "patchset", "-C", str(REPO)]
     patches = for_target(load_series(REPO), "vllm")
     apply_verify: list[float] = []
@@ -103,7 +104,7 @@ def main() -> int:
         "benchmark": "bench_tool",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "git_revision": git_revision(),
-        "machine": machine(),
+        "machine": host,
         "series": {"vllm_patches": len(patches), "names": [p.name for p in patches]},
         "figures": figures,
         "targets_s": TARGETS_S,
