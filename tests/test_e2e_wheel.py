@@ -20,16 +20,18 @@ from patchset.hashing import sha256_file
 from patchset.lockfile import load_lock
 from patchset.pins import load_pins
 from patchset.series import for_target, load_series
-from patchset.wheel import prove_base, wheel_from_series
+from patchset.wheel import BuiltWheel, prove_base, wheel_from_series
 
 REPO = Path(__file__).resolve().parent.parent
 WHEEL_BUDGET_S = 60.0
 
 pytestmark = pytest.mark.slow
 
+Builds = tuple[Path, list[tuple[BuiltWheel, Path, float]]]
+
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def built(tmp_path_factory: pytest.TempPathFactory) -> Builds:
     """The overlay wheel built twice from one fresh tree, with each build's wall time."""
     work = tmp_path_factory.mktemp("e2e-wheel")
     runs = []
@@ -40,7 +42,7 @@ def built(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-
     return work, runs
 
 
-def test_real_wheel_rebuild_is_byte_identical(built) -> None:  # type: ignore[no-untyped-def]
+def test_real_wheel_rebuild_is_byte_identical(built: Builds) -> None:
     """Two builds from the same pins and series give the same file name, sha256 and receipt."""
     _work, ((one, r1, _), (two, r2, _)) = built
     assert one.path.name == two.path.name
@@ -48,13 +50,13 @@ def test_real_wheel_rebuild_is_byte_identical(built) -> None:  # type: ignore[no
     assert r1.read_bytes() == r2.read_bytes()
 
 
-def test_real_wheel_build_is_within_budget(built) -> None:  # type: ignore[no-untyped-def]
+def test_real_wheel_build_is_within_budget(built: Builds) -> None:
     """The second build (tree applied, pristine base unpacked) takes at most 60 s."""
     _work, runs = built
     assert runs[1][2] <= WHEEL_BUDGET_S, f"{runs[1][2]:.1f} s"
 
 
-def test_real_receipt_matches_lock_and_wheel(built) -> None:  # type: ignore[no-untyped-def]
+def test_real_receipt_matches_lock_and_wheel(built: Builds) -> None:
     """The receipt names the pinned bases, every vllm patch, and for each overlaid file the
     lock's final sha256, which is also the wheel member's."""
     work, ((wheel, receipt_path, _), _) = built

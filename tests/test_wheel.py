@@ -11,14 +11,17 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+from conftest import Workspace, patch_bytes, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from patchset.cli import main
 from patchset.errors import NativeSourceError, WheelError
 from patchset.hashing import sha256_bytes, sha256_file
-from patchset.model import FilePatch, Patch, PatchHeader
+from patchset.model import FileOp, FilePatch, Patch, PatchHeader
 from patchset.pins import Pin
 from patchset.record import RecordEntry, parse_record, write_record
 from patchset.wheel import (
+    BuiltWheel,
     build_wheel,
     local_version,
     native_reason,
@@ -82,10 +85,10 @@ def write_tree(root: Path, files: Mapping[str, bytes]) -> Path:
     return root
 
 
-def make_patch(name: str, ops: Mapping[str, str]) -> Patch:
+def make_patch(name: str, ops: Mapping[str, FileOp]) -> Patch:
     """A Patch touching ``ops`` (path -> op); the wheel only reads names, hashes and paths."""
     header = PatchHeader("0" * 40, "dcp-series", "date", "[Test] x", "desc", ())
-    files = tuple(FilePatch(path, op, "100644", None, None, ()) for path, op in ops.items())  # type: ignore[arg-type]
+    files = tuple(FilePatch(path, op, "100644", None, None, ()) for path, op in ops.items())
     return Patch(name, sha256_bytes(name.encode() + repr(ops).encode()), header, b"", files)
 
 
@@ -104,7 +107,7 @@ class Fixture:
             make_patch("vllm/0002-b.patch", {"vllm/gone.py": "delete", "vllm/new.py": "add"}),
         ]
 
-    def build(self, out: Path, patches: list[Patch] | None = None):  # type: ignore[no-untyped-def]
+    def build(self, out: Path, patches: list[Patch] | None = None) -> BuiltWheel:
         return build_wheel(
             base_wheel=self.base,
             wheel_pin=WHEEL_PIN,
@@ -383,7 +386,7 @@ def _tiny_sdist(files: Mapping[str, bytes]) -> bytes:
 
 
 @pytest.fixture
-def wheel_ws(ws, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+def wheel_ws(ws: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Workspace:
     """A workspace whose pins are a tiny vLLM-shaped sdist and wheel, already in the cache."""
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -406,10 +409,10 @@ def wheel_ws(ws, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: igno
     return ws
 
 
-def test_cli_wheel_applies_verifies_and_writes_receipt(wheel_ws, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_cli_wheel_applies_verifies_and_writes_receipt(
+    wheel_ws: Workspace, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`patchset wheel` applies the series, builds the wheel and receipt; a rerun is identical."""
-    from conftest import patch_bytes
-    from patchset.cli import main
     from patchset.receipt import read_receipt
 
     change = {"vllm/a.py": (PRISTINE["vllm/a.py"], b"A = 42\n"), "tests/test_b.py": (None, b"")}
@@ -428,10 +431,10 @@ def test_cli_wheel_applies_verifies_and_writes_receipt(wheel_ws, capsys) -> None
     assert "Built " in capsys.readouterr().out
 
 
-def test_cli_wheel_refuses_native_patch_before_applying(wheel_ws, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_cli_wheel_refuses_native_patch_before_applying(
+    wheel_ws: Workspace, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A series with a csrc/ change exits 1 naming patch and file; the tree is not touched."""
-    from conftest import patch_bytes, snapshot
-    from patchset.cli import main
 
     good = {"vllm/a.py": (PRISTINE["vllm/a.py"], b"A = 42\n")}
     native = {"csrc/k.cu": (PRISTINE["csrc/k.cu"], b"// faster kernel\n")}
