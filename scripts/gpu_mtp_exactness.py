@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""GPU: greedy MTP speculative decoding must reproduce the output without speculation.
+
+For one DCP size, runs the tiny DSA model with its MTP layer (``num_nextn_predict_layers:
+1``) without speculation and then with MTP at k = 1, 2, 4, 5 and with the adaptive depth
+(ladder 2/4/5, short windows so that the depth moves within the run), CUDA graphs on
+(``--eager`` turns them off), token-id prompts, ``skip_tokenizer_init=True``. Every run must
+give the same greedy tokens as the baseline, and the same top-``--logprobs`` ids with
+log-probabilities within ``--tol`` at every step (the first step after prefill included).
+
+Weights: ``load_format="dummy"`` (random) by default; ``--ckpt DIR`` loads a checkpoint made
+by ``make_tiny_mtp_ckpt.py`` instead (``agree``: every draft is accepted, so the accept path
+is exercised too). Note: with ``model_type: deepseek_v32`` vLLM 0.26.0 runs the *draft*
+eagerly (``speculative.py``: "cudagraph with v32 MTP is not supported"); ``--arch
+glm_moe_dsa`` rewrites the config to GlmMoeDsa so that the draft is captured too.
+
+Writes results/mtp_exactness-dcp<N>-<stamp>.json (or under $OUT), rewritten after every
+configuration, so a run cut short still leaves its figures.
+
+    python scripts/gpu_mtp_exactness.py --dcp 1
+    python scripts/gpu_mtp_exactness.py --dcp 2 --tp 2 --ks 2,5,adaptive
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+# The scheduler (and its adaptive controller) must live in this process to be inspected.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mtp_gpu_common import (  # noqa: E402
+    free_llm,
+    metrics_delta,
+    record_depths,
+    spec_metrics,
+    tiny_dsa_dir,
+    write_result,
+)
+
+
+def model_dir(args: argparse.Namespace) -> str:
+    if args.ckpt:
+        return args.ckpt
+    src = Path(args.model) if args.model else tiny_dsa_dir()
+    if args.arch == "deepseek_v32":
+        return str(src)
+    from make_tiny_mtp_ckpt import load_config
+
+    cfg = load_config(src / "config.json", args.arch)
+    tmp = Path(tempfile.mkdtemp(prefix="tiny_glm_dsa_"))
+    (tmp / "config.json").write_text(json.dumps(cfg))
+    return str(tmp)
+
+
+def run_config(args, model: str, k: int | str, prompts) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
+
+    spec: dict[str, Any] | None = None
+    if k != 0:
+        spec = {"method": "mtp"}
+        if k == "adaptive":
+            spec |= {
+                "num_speculative_tokens": 5,
+                "adaptive_speculative_tokens": True,
+                "adaptive_speculative_tokens_ladder": [2, 4, 5],
+                "adaptive_speculative_tokens_window": [4, 2, 2],
+            }
+        else:
+            spec["num_speculative_tokens"] = int(k)
+    kw: dict[str, Any] = dict(
+        model=model,
+        load_format="auto" if args.ckpt else "dummy",
+        skip_tokenizer_init=True,
+        seed=0,
+        tensor_parallel_size=args.tp,
+        decode_context_parallel_size=args.dcp,
+        max_model_len=args.max_model_len,
+        enforce_eager=args.eager,
+        gpu_memory_utilization=args.gpu_mem,
+        disable_log_stats=False,
+        speculative_config=spec,
+    )
+    if args.kv_cache_dtype:
+        kw["kv_cache_dtype"] = args.kv_cache_dtype
+    t0 = time.time()
+    llm = LLM(**kw)
+    started = time.time() - t0
+    depths = record_depths(llm)
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=args.max_tokens,
+        ignore_eos=True,
+        detokenize=False,
+        logprobs=args.logprobs,
+    )
+    before = spec_metrics(llm)
+    t0 = time.time()
+    outs = llm.generate(prompts, params)
+    gen_s = time.time() - t0
+    result = {
+        "k": k,
+        "startup_s": round(started, 1),
+        "generate_s": round(gen_s, 2),
+        "tokens": [list(o.outputs[0].token_ids) for o in outs],
+        "logprobs": [
+            [
+                {str(tid): round(float(lp.logprob), 5) for tid, lp in step.items()}
+                for step in (o.outputs[0].logprobs or [])
+            ]
+            for o in outs
+        ],
+        "metrics": metrics_delta(before, spec_metrics(llm)),
+    }
+    if depths is not None:
+        result["depth_trace"] = depths
+    free_llm(llm)
+    return result
+
+
+def compare(base: dict[str, Any], run: dict[str, Any], topk: int, tol: float):
+    tokens_equal = base["tokens"] == run["tokens"]
+    first_mismatch = None
+    max_diff = 0.0
+    ids_equal = True
+    for p, (bt, rt) in enumerate(zip(base["tokens"], run["tokens"], strict=True)):
+        for s, (a, b) in enumerate(zip(bt, rt, strict=False)):
+            if a != b and first_mismatch is None:
+                first_mismatch = [p, s]
+    for bl, rl in zip(base["logprobs"], run["logprobs"], strict=True):
+        for bs, rs in zip(bl, rl, strict=False):
+            b_top = sorted(bs, key=bs.get, reverse=True)[:topk]
+            r_top = sorted(rs, key=rs.get, reverse=True)[:topk]
+            if set(b_top) != set(r_top):
+                ids_equal = False
+            for tid in set(bs) & set(rs):
+                max_diff = max(max_diff, abs(bs[tid] - rs[tid]))
+    return {
+        "tokens_equal": tokens_equal,
+        "first_mismatch": first_mismatch,
+        "topk_ids_equal": ids_equal,
+        "max_logprob_abs_diff": round(max_diff, 5),
+        "ok": tokens_equal and ids_equal and max_diff <= tol,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dcp", type=int, default=1)
+    ap.add_argument("--tp", type=int, default=None, help="default: max(1, dcp)")
+    ap.add_argument("--ks", default="1,2,4,5,adaptive")
+    ap.add_argument("--model", default=None, help="dir with the tiny DSA config.json")
+    ap.add_argument("--ckpt", default=None, help="checkpoint dir (make_tiny_mtp_ckpt.py)")
+    ap.add_argument("--arch", default="deepseek_v32", choices=["deepseek_v32", "glm_moe_dsa"])
+    ap.add_argument("--lens", default="32,257,1500,3000")
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--logprobs", type=int, default=5)
+    ap.add_argument("--tol", type=float, default=0.05)
+    ap.add_argument("--max-model-len", type=int, default=8192)
+    ap.add_argument("--gpu-mem", type=float, default=0.5)
+    ap.add_argument("--kv-cache-dtype", default=None)
+    ap.add_argument("--eager", action="store_true")
+    args = ap.parse_args(argv)
+    args.tp = args.tp or max(1, args.dcp)
+
+    model = model_dir(args)
+    rng = random.Random(0)
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    prompts = [
+        {"prompt_token_ids": [rng.randrange(2, vocab) for _ in range(int(n))]}
+        for n in args.lens.split(",")
+    ]
+    payload: dict[str, Any] = {
+        "what": "greedy MTP speculative output equals no-spec output",
+        "dcp": args.dcp,
+        "tp": args.tp,
+        "arch": args.arch,
+        "weights": args.ckpt or "dummy",
+        "cuda_graphs": not args.eager,
+        "prompt_lens": [len(p["prompt_token_ids"]) for p in prompts],
+        "max_tokens": args.max_tokens,
+        "tol": args.tol,
+        "runs": {},
+    }
+    name = f"mtp_exactness-dcp{args.dcp}"
+    path = None
+    base = None
+    for k in ["0", *args.ks.split(",")]:
+        key = "no_spec" if k == "0" else f"k{k}" if k != "adaptive" else "adaptive"
+        k_val: int | str = k if k == "adaptive" else int(k)
+        try:
+            run = run_config(args, model, k_val, prompts)
+        except Exception as e:  # noqa: BLE001 - recorded in the result file
+            run = {"k": k_val, "error": repr(e), "traceback": traceback.format_exc()[-4000:]}
+        if k == "0":
+            base = run
+        elif base is not None and "error" not in base and "error" not in run:
+            run["vs_no_spec"] = compare(base, run, args.logprobs, args.tol)
+        summary = {key_: run[key_] for key_ in run if key_ not in ("tokens", "logprobs")}
+        print(key, json.dumps(summary)[:2000], flush=True)
+        payload["runs"][key] = run
+        payload["all_ok"] = all(
+            r.get("vs_no_spec", {}).get("ok", False)
+            for kk, r in payload["runs"].items()
+            if kk != "no_spec"
+        )
+        if path is not None:
+            path.unlink(missing_ok=True)
+        path = write_result(name, payload)
+    return 0 if payload.get("all_ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
