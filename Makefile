@@ -58,13 +58,19 @@ RUN_TREE_TESTS = $(PY) tests/vllm_tree_tests.py run --tree $(VLLM) --venv $(TEST
 tool-tests: setup
 	$(RUN_TOOL_TESTS)
 
-testenv: wheel
-	$(PY) tests/vllm_tree_tests.py venv --venv $(TESTENV) $(if $(REUSE_TESTENV),--reuse)
+TESTENV_CMD = $(PY) tests/vllm_tree_tests.py venv --venv $(TESTENV)
 
-proofs: testenv
+# `make test` makes a fresh test venv (REUSE_TESTENV=1 keeps one); proofs and tree-tests on their
+# own reuse an existing one (reinstalling only the wheel when it changed).
+testenv: wheel
+	$(TESTENV_CMD) $(if $(REUSE_TESTENV),--reuse)
+
+proofs: wheel
+	$(TESTENV_CMD) --reuse
 	$(RUN_PROOFS)
 
-tree-tests: testenv
+tree-tests: wheel
+	$(TESTENV_CMD) --reuse
 	$(RUN_TREE_TESTS)
 
 # All suites run even if one fails; PATCHSET_E2E=require turns any end-to-end skip into a failure.
@@ -86,3 +92,31 @@ bench-tool: setup fetch
 
 clean:
 	rm -rf build/vllm build/base build/testenv dist
+
+# ----------------------------------------------------------------------------------------------
+# Upstream export, per-patch lint and the rebase report (patchset export / lint / rebase);
+# see design/upstreaming.md.
+#   make export          dist/export/<target>/NNNN-*.mbox + .pr.md, then the standalone check
+#                        table (git am onto the pinned base + Depends-on only) with each patch's
+#                        own tests run by EXPORT_PYTHON (vLLM + its test deps; default: the test
+#                        venv, whose series-patched files are overlaid per patch)
+#   make lint            also lints every patch: ruff with the base tree's config on the files it
+#                        touches (RUFF=<ruff>; vLLM 0.26.0 pins ruff 0.14.0), SPDX, stray prints
+#   make rebase-report   dry-run rebase onto vllm==$(REBASE_ONTO) -> results/rebase-$(REBASE_ONTO).json
+EXPORT_PYTHON ?= $(abspath $(TESTPY))
+EXPORT_ARGS ?=
+RUFF ?=
+REBASE_ONTO ?= 0.33.0
+
+.PHONY: export lint-patches rebase-report
+
+export: fetch
+	$(PATCHSET) export --check --test-python $(EXPORT_PYTHON) $(EXPORT_ARGS)
+
+lint-patches: fetch
+	$(PATCHSET) lint $(if $(RUFF),--ruff $(RUFF))
+
+lint: lint-patches
+
+rebase-report: fetch
+	scripts/rebase_report.sh $(REBASE_ONTO)

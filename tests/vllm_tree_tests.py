@@ -5,7 +5,8 @@ Three steps, each a subcommand (``make test`` runs them in this order):
 ``venv``  create a fresh virtual environment and ``pip install`` the overlay wheel named by
           ``dist/receipt.json`` (torch and every other dependency come from the index; pip's
           downloads are cached in ``.cache/pip``), plus the test tools the vLLM tests need.
-          ``--reuse`` keeps an existing environment whose marker names the same wheel sha256.
+          ``--reuse`` keeps an existing environment: as is when it has the same wheel, else
+          with only the wheel reinstalled (``--no-deps``; overlay wheels share dependencies).
 ``list``  print the test files the series adds or changes (touched ``tests/**/test_*.py`` of
           the vllm patches that exist after the series).
 ``run``   copy the tree's ``tests/`` into a temporary directory (so the tree's ``vllm/`` source
@@ -70,6 +71,11 @@ def read_marker(venv: Path) -> dict[str, str] | None:
     return data
 
 
+def write_marker(venv: Path, wheel: Path, sha256: str, version: str) -> None:
+    data = {"filename": wheel.name, "sha256": sha256, "version": version}
+    (venv / MARKER).write_text(json.dumps(data, sort_keys=True) + "\n")
+
+
 def make_venv(receipt_path: Path, venv: Path, *, reuse: bool) -> int:
     receipt = json.loads(receipt_path.read_text())
     wheel = receipt_path.parent / receipt["wheel"]["filename"]
@@ -78,8 +84,22 @@ def make_venv(receipt_path: Path, venv: Path, *, reuse: bool) -> int:
         print(f"error: {wheel} has sha256 {actual}, the receipt says {receipt['wheel']['sha256']}")
         return 1
     marker = read_marker(venv)
-    if reuse and marker and marker.get("sha256") == actual and venv_python(venv).exists():
-        print(f"testenv: reusing {venv} (it has {wheel.name} installed)")
+    env = {**os.environ, "PIP_CACHE_DIR": str(REPO / ".cache" / "pip")}
+    env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+    pip = [str(venv_python(venv)), "-m", "pip", "install", "--progress-bar", "off", "-q"]
+    if reuse and marker and venv_python(venv).exists():
+        if marker.get("sha256") == actual:
+            print(f"testenv: reusing {venv} (it has {wheel.name} installed)")
+            return 0
+        # Overlay wheels differ only in vllm/ files and the version: same dependencies.
+        print(f"testenv: reusing {venv}, replacing {marker.get('filename')} with {wheel.name}")
+        (venv / MARKER).unlink()
+        cmd = [*pip, "--no-deps", "--force-reinstall", str(wheel)]
+        proc = subprocess.run(cmd, env=env, check=False)
+        if proc.returncode != 0:
+            print(f"error: pip install failed (exit {proc.returncode})")
+            return proc.returncode
+        write_marker(venv, wheel, actual, receipt["wheel"]["version"])
         return 0
     if venv.exists():
         print(f"testenv: removing {venv}")
@@ -87,18 +107,11 @@ def make_venv(receipt_path: Path, venv: Path, *, reuse: bool) -> int:
     start = time.monotonic()
     print(f"testenv: creating {venv} and installing {wheel.name} with its dependencies")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    env = {**os.environ, "PIP_CACHE_DIR": str(REPO / ".cache" / "pip")}
-    env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
-    cmd = [str(venv_python(venv)), "-m", "pip", "install", "--progress-bar", "off", "-q"]
-    proc = subprocess.run([*cmd, str(wheel), *TEST_TOOLS], env=env, check=False)
+    proc = subprocess.run([*pip, str(wheel), *TEST_TOOLS], env=env, check=False)
     if proc.returncode != 0:
         print(f"error: pip install failed (exit {proc.returncode})")
         return proc.returncode
-    (venv / MARKER).write_text(
-        json.dumps(
-            {"filename": wheel.name, "sha256": actual, "version": receipt["wheel"]["version"]}
-        )
-    )
+    write_marker(venv, wheel, actual, receipt["wheel"]["version"])
     print(f"testenv: ready in {time.monotonic() - start:.0f} s")
     return 0
 
