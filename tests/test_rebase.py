@@ -92,10 +92,39 @@ def test_same_line_changed_upstream_is_a_conflict_and_replay_goes_on(tmp_path: P
     )
     conflict = out["vllm/0001-a.patch"]
     assert conflict.status == "conflict"
-    assert [(c.path, c.regions) for c in conflict.conflicts] == [("a.py", 1)]
+    assert [(c.path, c.kind, c.regions) for c in conflict.conflicts] == [
+        ("a.py", "both modified", 1)
+    ]
     assert conflict.conflicts[0].failed_hunks_at == (2,)
     assert b"<<<<<<<" in conflict.marked["a.py"] and b"five\n" in conflict.marked["a.py"]
     assert out["vllm/0002-b.patch"].status == "clean"
+
+
+def test_file_deleted_upstream_is_a_modify_delete_conflict(tmp_path: Path) -> None:
+    out = outcomes_for(
+        tmp_path, {"a.py": ONE, "b.py": b"b\n"}, {"b.py": b"b\n"}, [("vllm/0001-a.patch", P_FIVE)]
+    )["vllm/0001-a.patch"]
+    assert out.status == "conflict"
+    assert [(c.path, c.kind, c.regions) for c in out.conflicts] == [
+        ("a.py", "deleted in the new base, modified by the patch", 0)
+    ]
+
+
+def test_patch_depending_on_a_conflict_says_so(tmp_path: Path) -> None:
+    five = edit(ONE, b"line 5\n", b"five\n")
+    on_top = patch_bytes(
+        {"a.py": (five, edit(five, b"five\n", b"FIVE\n"))},
+        subject="[Core] On top",
+        depends=("vllm/0001-a.patch",),
+    )
+    out = outcomes_for(
+        tmp_path,
+        {"a.py": ONE},
+        {"a.py": edit(ONE, b"line 5\n", b"line 5 upstream\n")},
+        [("vllm/0001-a.patch", P_FIVE), ("vllm/0002-b.patch", on_top)],
+    )["vllm/0002-b.patch"]
+    assert out.status == "conflict"
+    assert out.detail[0] == "depends on vllm/0001-a.patch, which conflicts"
 
 
 def test_change_already_upstream_is_absorbed(tmp_path: Path) -> None:

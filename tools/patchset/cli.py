@@ -401,8 +401,11 @@ def cmd_export(args: argparse.Namespace, repo: Path) -> int:
     with tempfile.TemporaryDirectory(dir=repo / "build", prefix="export-check-") as tmp:
         runner = None
         if not args.no_tests:
+            python = args.test_python
+            if "/" in python:  # a path: the tests run in another directory
+                python = str(Path(python).absolute())
             runner = OverlayTestRunner(
-                python=args.test_python, workdir=Path(tmp), extra_path=args.test_path or ""
+                python=python, workdir=Path(tmp), extra_path=args.test_path or ""
             )
         results = check_standalone(
             series, selected, mboxes, bases, Path(tmp), run_tests=runner, log=_info

@@ -35,6 +35,17 @@ AM_ARGS = ("--keep-non-patch", "--keep-cr", "--no-gpg-sign")
 """``git am`` flags: ``--keep-non-patch`` strips only ``[PATCH]`` from the subject, so a
 vLLM ``[Tag] Title`` survives (plain ``git am`` would strip every leading ``[...]``)."""
 
+UNMERGED_STATES: dict[str, str] = {
+    "UU": "both modified",
+    "AA": "both added",
+    "DU": "deleted in the new base, modified by the patch",
+    "UD": "deleted by the patch, modified in the new base",
+    "AU": "added by the patch, path changed in the new base",
+    "UA": "added in the new base, path changed by the patch",
+    "DD": "deleted on both sides",
+}
+"""git's unmerged status codes, in the words the rebase report uses (ours = new base)."""
+
 _CONFLICT_START = re.compile(rb"^<{7}(?: |$)", re.MULTILINE)
 _OFFSET = re.compile(
     r"^Hunk #(\d+) succeeded at (\d+) \((?:offset (-?\d+) lines?)?(?:, )?(?:fuzz (\d+))?\)"
@@ -298,6 +309,16 @@ class ScratchRepo:
     def conflicted_paths(self) -> list[str]:
         out = self.git("diff", "--name-only", "--diff-filter=U", "-z")
         return sorted(p for p in out.split("\0") if p)
+
+    def unmerged(self) -> dict[str, str]:
+        """Unmerged paths after a failed 3-way merge -> git's two-letter status (``UU``, ``DU``,
+        ``UD``, ``AA``, ``AU``, ``UA``, ``DD``)."""
+        out = self.git("status", "--porcelain=v1", "-z", "--untracked-files=no")
+        states = {}
+        for entry in out.split("\0"):
+            if len(entry) > 3 and entry[:2] in UNMERGED_STATES:
+                states[entry[3:]] = entry[:2]
+        return states
 
     def conflict_regions(self, path: str) -> int:
         """How many ``<<<<<<<`` conflict regions the work-tree file ``path`` holds."""

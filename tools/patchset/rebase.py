@@ -29,14 +29,14 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from patchset import __version__
 from patchset.errors import HashMismatch, PatchDoesNotApply, PatchsetError, PinError
 from patchset.fetch import PipRunner, extract_sdist, run_pip
-from patchset.gitops import ScratchRepo
+from patchset.gitops import UNMERGED_STATES, ScratchRepo
 from patchset.hashing import sha256_file
 from patchset.model import Patch
 from patchset.patchfile import split_patch
@@ -144,11 +144,13 @@ def fetch_release(
 
 @dataclass(frozen=True)
 class Conflict:
-    """One file the 3-way merge could not resolve."""
+    """One file the 3-way merge could not resolve: how (``kind``), how many marked regions,
+    and the preimage line of the first hunk ``git apply`` could not place."""
 
     path: str
     regions: int
     failed_hunks_at: tuple[int, ...]
+    kind: str = "both modified"
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,12 @@ class Outcome:
                 for path, hunk, offset in self.offsets
             ],
             "conflicts": [
-                {"path": c.path, "regions": c.regions, "failed_hunks_at": list(c.failed_hunks_at)}
+                {
+                    "path": c.path,
+                    "kind": c.kind,
+                    "regions": c.regions,
+                    "failed_hunks_at": list(c.failed_hunks_at),
+                }
                 for c in self.conflicts
             ],
             "absorbed_files": list(self.absorbed_files),
@@ -223,10 +230,19 @@ def replay(
     repo.checkout(old_base)
     new_base = repo.import_tree(new_tree, labels[1])
     repo.branch("new-base", new_base)
-    outcomes = []
+    outcomes: list[Outcome] = []
     for index, patch in enumerate(patches, start=1):
         log(f"Replaying {patch.name} ({index}/{len(patches)})")
-        outcomes.append(_replay_one(repo, patch, data[patch.name]))
+        outcome = _replay_one(repo, patch, data[patch.name])
+        lost = [
+            o.name for o in outcomes if o.status == "conflict" and o.name in patch.header.depends_on
+        ]
+        if outcome.status == "conflict" and lost:
+            outcome = replace(
+                outcome,
+                detail=(*(f"depends on {n}, which conflicts" for n in lost), *outcome.detail),
+            )
+        outcomes.append(outcome)
     repo.branch("new", "HEAD")
     return outcomes
 
@@ -282,17 +298,23 @@ def _replay_one(repo: ScratchRepo, patch: Patch, data: bytes) -> Outcome:
             detail=tuple(_failed_text(forward.failed)),
             refreshed=repo.format_patch(),
         )
-    conflicted = repo.conflicted_paths()
+    unmerged = repo.unmerged()
     failed_at: dict[str, list[int]] = {}
     for path, line in forward.failed:
         failed_at.setdefault(path, []).append(line)
     conflicts = tuple(
-        Conflict(path, repo.conflict_regions(path), tuple(failed_at.get(path, ())))
-        for path in conflicted
+        Conflict(
+            path,
+            repo.conflict_regions(path),
+            tuple(failed_at.get(path, ())),
+            UNMERGED_STATES[state],
+        )
+        for path, state in sorted(unmerged.items())
     )
-    if not conflicts:  # no merge possible at all (e.g. a file the patch modifies is gone)
+    if not conflicts:  # git could not even start the merge (e.g. a preimage file is gone)
         conflicts = tuple(
-            Conflict(path, 0, tuple(lines)) for path, lines in sorted(failed_at.items())
+            Conflict(path, 0, tuple(lines), "does not apply and cannot be merged")
+            for path, lines in sorted(failed_at.items())
         )
     marked = {
         c.path: (repo.path / c.path).read_bytes()
@@ -307,7 +329,7 @@ def _replay_one(repo: ScratchRepo, patch: Patch, data: bytes) -> Outcome:
         files,
         conflicts=conflicts,
         absorbed_files=absorbed,
-        detail=tuple(result.tail(8)),
+        detail=tuple(line for line in result.tail(8) if not line.startswith("hint:")),
         marked=marked,
     )
 
@@ -354,15 +376,11 @@ class RebaseReport:
         for o in self.outcomes:
             if o.status == "conflict":
                 what = "; ".join(
-                    f"{c.path} ({c.regions} region(s)"
-                    + (
-                        f", hunks at {', '.join(map(str, c.failed_hunks_at))}"
-                        if c.failed_hunks_at
-                        else ""
-                    )
-                    + ")"
+                    f"{c.path}: {c.kind}, {c.regions} marked region(s)"
+                    + (f", hunk at line {c.failed_hunks_at[0]} fails" if c.failed_hunks_at else "")
                     for c in o.conflicts
                 )
+                what += "".join(f"; {d}" for d in o.detail if d.startswith("depends on"))
             elif o.status == "offsets":
                 what = ", ".join(f"{p} hunk {h} {off:+d}" for p, h, off in o.offsets)
             elif o.absorbed_files:
@@ -549,7 +567,6 @@ def _write_output(
     pip: PipRunner,
     log: Log,
 ) -> None:
-    from dataclasses import replace
 
     from patchset.fetch import cache_dir, pristine_tree
     from patchset.lockfile import compute_lock, pin_digests, write_lock
