@@ -121,15 +121,31 @@ class FlashMLA:
         return call
 
 
-def triton_configs(heads: int) -> list[dict[str, int]]:
+def triton_configs(heads: int) -> list[dict[str, Any]]:
+    """(block_h, block_n, num_warps, num_stages, fold_scales) points to time."""
     if heads <= 16:
-        tiles = [(16, 32, 4), (16, 64, 4)]
+        points = [
+            (16, 64, 4, 2, False),
+            (16, 16, 8, 2, False),
+            (16, 32, 8, 2, False),
+            (16, 64, 8, 2, False),
+            (16, 32, 16, 2, False),
+            (16, 64, 16, 2, False),
+            (16, 32, 8, 2, True),
+            (16, 32, 16, 2, True),
+        ]
     else:
-        tiles = [(64, 32, 8), (64, 64, 8), (32, 64, 4), (32, 32, 4)]
+        points = [
+            (64, 32, 8, 1, False),
+            (64, 64, 8, 2, False),
+            (64, 16, 16, 2, False),
+            (64, 32, 16, 2, False),
+            (64, 32, 16, 3, False),
+            (64, 64, 16, 2, False),
+        ]
     return [
-        dict(block_h=bh, block_n=bn, num_warps=w, num_stages=s)
-        for bh, bn, w in tiles
-        for s in (1, 2)
+        dict(block_h=bh, block_n=bn, num_warps=w, num_stages=st, fold_scales=fold)
+        for bh, bn, w, st, fold in points
     ]
 
 
@@ -298,6 +314,52 @@ def extend_case(kern, fm, heads, args, errors):
     return row
 
 
+def codec_vs_writer(kern) -> dict[str, Any]:
+    """quantize_fp8_ds_mla against vLLM's fp8_ds_mla writer (concat_and_cache_mla)."""
+    from vllm import _custom_ops as ops
+
+    n = 8192
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    kv_c = (torch.randn(n, 512, device="cuda", generator=gen) * 2).to(torch.bfloat16)
+    k_pe = torch.randn(n, 64, device="cuda", generator=gen).to(torch.bfloat16)
+    kv_c[7, :128] = 0
+    cache = torch.zeros(n // 64, 64, RECORD_BYTES, dtype=torch.uint8, device="cuda")
+    slots = torch.arange(n, device="cuda")
+    ops.concat_and_cache_mla(
+        kv_c, k_pe, cache, slots, kv_cache_dtype="fp8_ds_mla", scale=torch.ones((), device="cuda")
+    )
+    theirs = cache.view(n, RECORD_BYTES)
+    ours = kern.quantize_fp8_ds_mla(torch.cat([kv_c, k_pe], dim=-1))
+    diff = ours != theirs
+    res: dict[str, Any] = dict(
+        records=n,
+        records_differ=int(diff.any(dim=1).sum()),
+        bytes_differ_nope=int(diff[:, :512].sum()),
+        bytes_differ_scales=int(diff[:, 512:528].sum()),
+        bytes_differ_rope=int(diff[:, 528:].sum()),
+    )
+    # The same math with a Python-scalar divisor (reciprocal multiply on CUDA).
+    amax = kv_c.float().view(n, 4, 128).abs().amax(-1)
+    scalar_scale = torch.clamp(amax / 448.0, min=torch.finfo(torch.float32).tiny)
+    theirs_scale = theirs[:, 512:528].contiguous().view(torch.float32)
+    res["scales_differ_if_scalar_divisor"] = int((scalar_scale != theirs_scale).sum())
+    d = (kern.dequantize_fp8_ds_mla(ours) - kern.dequantize_fp8_ds_mla(theirs)).abs()
+    res["dequant_max_abs_diff"] = float(d.max())
+    bad = diff[:, :512].nonzero()[:5].tolist()
+    res["first_nope_mismatches"] = [
+        dict(
+            row=r,
+            col=c,
+            ours=int(ours[r, c]),
+            theirs=int(theirs[r, c]),
+            x=float(kv_c[r, c]),
+            scale=float(theirs_scale[r, c // 128]),
+        )
+        for r, c in bad
+    ]
+    return res
+
+
 def empty_row_conventions(kern, fm) -> dict[str, Any]:
     """What each kernel returns for a row with no valid index."""
     q = torch.randn(2, 64, 576, device="cuda").to(torch.bfloat16)
@@ -335,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,2,4,8,16,32,64")
     parser.add_argument("--heads", default="16,64")
     parser.add_argument("--warmup", type=int, default=10, help="do_bench warm-up, ms")
-    parser.add_argument("--rep", type=int, default=40, help="do_bench repetition, ms")
+    parser.add_argument("--rep", type=int, default=30, help="do_bench repetition, ms")
     parser.add_argument("--no-extend", action="store_true")
     args = parser.parse_args(argv)
 
@@ -393,6 +455,10 @@ def main(argv: list[str] | None = None) -> int:
         result["conventions"] = empty_row_conventions(kern, fm)
     except Exception:
         errors.append("conventions: " + traceback.format_exc()[-400:])
+    try:
+        result["codec_vs_writer"] = codec_vs_writer(kern)
+    except Exception:
+        errors.append("codec: " + traceback.format_exc()[-400:])
     flush()
 
     for heads in [int(h) for h in args.heads.split(",")]:
@@ -438,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
             f"  {row.get('triton_best')}"
         )
     print("conventions:", result.get("conventions"))
+    print("codec vs writer:", result.get("codec_vs_writer"))
     print("errors:", len(errors))
     for e in errors[:20]:
         print("  ", e[:300])
