@@ -239,7 +239,7 @@ def test_adaptive_within_3_percent_of_best_fixed_on_stationary_profiles(
 def test_adaptive_beats_every_fixed_depth_on_prose_code_mixtures(
     ad, data, alpha, num_switches, seed
 ):
-    """On every mixture of prose-like and code-like phases (300-800 steps each, alternating,
+    """On every mixture of prose-like and code-like phases (500-1500 steps each, alternating,
     starting with either), adaptive decode throughput exceeds every fixed depth 1..5."""
     rng = random.Random(seed)
     first = data.draw(st.sampled_from(["prose", "code"]))
@@ -248,7 +248,7 @@ def test_adaptive_beats_every_fixed_depth_on_prose_code_mixtures(
         kind = first if i % 2 == 0 else ("code" if first == "prose" else "prose")
         family = PROSE if kind == "prose" else CODE
         q0, decay = data.draw(family["q0"]), data.draw(family["decay"])
-        length = data.draw(st.integers(300, 800))
+        length = data.draw(st.integers(500, 1500))
         trace += [accept_length(rng, q0, decay) for _ in range(length)]
     adaptive = throughput_adaptive(ad, trace, alpha)
     for depth in range(1, 6):
