@@ -101,3 +101,15 @@ def test_format_patch_round_trips_through_am(tmp_path: Path) -> None:
     assert repo.am(exported).ok
     assert repo.changed_paths(tip, "HEAD") == []
     assert repo.subject() == "[Core] Add tail"
+
+
+def test_three_way_am_never_follows_a_rename_into_another_file(tmp_path: Path) -> None:
+    """A change to a file missing on HEAD is a modify/delete conflict, not an edit of a
+    look-alike file that git's rename detection would pick."""
+    repo, base = make_repo(tmp_path, {"a.py": LINES})
+    patch = patch_bytes({"n.py": (LINES, LINES.replace(b"line 9\n", b"nine\n"))})
+    result = repo.am(patch, three_way=True)
+    assert not result.ok
+    assert repo.unmerged() == {"n.py": "DU"}
+    repo.abort_am()
+    assert repo.head() == base and (repo.path / "a.py").read_bytes() == LINES

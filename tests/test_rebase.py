@@ -127,6 +127,24 @@ def test_patch_depending_on_a_conflict_says_so(tmp_path: Path) -> None:
     assert out.detail[0] == "depends on vllm/0001-a.patch, which conflicts"
 
 
+def test_file_added_by_a_conflicting_patch_is_named_as_such(tmp_path: Path) -> None:
+    adds = patch_bytes(
+        {"a.py": (ONE, edit(ONE, b"line 5\n", b"five\n")), "n.py": (None, ONE)},
+        subject="[Core] Adds n",
+    )
+    uses = patch_bytes({"n.py": (ONE, edit(ONE, b"line 9\n", b"nine\n"))}, subject="[Core] n")
+    out = outcomes_for(
+        tmp_path,
+        {"a.py": ONE},
+        {"a.py": edit(ONE, b"line 5\n", b"line 5 upstream\n")},
+        [("vllm/0001-adds.patch", adds), ("vllm/0002-uses.patch", uses)],
+    )["vllm/0002-uses.patch"]
+    assert out.status == "conflict"
+    assert [c.kind for c in out.conflicts] == [
+        "not in the new base: an earlier patch added it and did not carry over"
+    ]
+
+
 def test_change_already_upstream_is_absorbed(tmp_path: Path) -> None:
     new_file = patch_bytes({"n.py": (None, b"n = 1\n")}, subject="[Core] New")
     out = outcomes_for(

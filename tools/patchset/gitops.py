@@ -267,7 +267,7 @@ class ScratchRepo:
 
     def am(self, mbox: bytes, *, three_way: bool = False) -> GitResult:
         """``git am`` one mbox onto HEAD; on failure the am session is left for inspection."""
-        args = ["am", *AM_ARGS, "--committer-date-is-author-date"]
+        args = ["-c", "merge.renames=false", "am", *AM_ARGS, "--committer-date-is-author-date"]
         if three_way:
             args.append("-3")
         code, output = self._run(args, ok_codes=(0, 1, 128), stdin=mbox)

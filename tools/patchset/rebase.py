@@ -45,6 +45,9 @@ from patchset.pins import Pin
 Status = Literal["clean", "offsets", "merged", "conflict", "absorbed"]
 STATUSES: tuple[Status, ...] = ("clean", "offsets", "merged", "conflict", "absorbed")
 SCHEMA_VERSION = 1
+OLD_BASE = "old-base"
+"""The scratch repository's branch at the old pinned base."""
+ADDED_BY_LOST_PATCH = "not in the new base: an earlier patch added it and did not carry over"
 _ONTO = re.compile(r"^(?P<target>[a-z][a-z0-9_]*)==(?P<version>[0-9][0-9A-Za-z.+-]*)$")
 
 Log = Callable[[str], None]
@@ -216,7 +219,7 @@ def replay(
     """Replay ``patches`` (their file bytes in ``data``) from ``old_tree`` onto ``new_tree``."""
     repo = ScratchRepo.create(workdir / "repo")
     old_base = repo.import_tree(old_tree, labels[0])
-    repo.branch("old-base", old_base)
+    repo.branch(OLD_BASE, old_base)
     for patch in patches:
         result = repo.am(data[patch.name])
         if not result.ok:
@@ -307,7 +310,9 @@ def _replay_one(repo: ScratchRepo, patch: Patch, data: bytes) -> Outcome:
             path,
             repo.conflict_regions(path),
             tuple(failed_at.get(path, ())),
-            UNMERGED_STATES[state],
+            ADDED_BY_LOST_PATCH
+            if state == "DU" and repo.read(OLD_BASE, path) is None
+            else UNMERGED_STATES[state],
         )
         for path, state in sorted(unmerged.items())
     )
