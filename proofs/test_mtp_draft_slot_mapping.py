@@ -228,3 +228,64 @@ def test_proposer_draft_step_matches_target_under_dcp2(kernels, interleave):
         assert cad.slot_mapping.tolist() == expected.tolist()
         ref_local = kernels.get_dcp_local_seq_lens(pos + 2, dcp, rank, interleave)
         assert cad.dcp_local_seq_lens.tolist() == ref_local.tolist()
+
+
+@pytest.fixture(scope="module")
+def v2_speculator() -> SimpleNamespace:
+    with _real_triton():
+        cp_utils = load_leaf("vllm/v1/worker/gpu/cp_utils.py")
+        with _as_module("vllm.v1.worker.gpu.cp_utils", cp_utils):
+            speculator = load_leaf("vllm/v1/worker/gpu/spec_decode/speculator.py")
+    return SimpleNamespace(cp_utils=cp_utils, speculator=speculator)
+
+
+@pytest.mark.parametrize("dcp,interleave", [(2, 1), (4, 1), (2, 16)])
+def test_v2_draft_steps_get_dcp_local_seq_lens(kernels, v2_speculator, dcp, interleave):
+    """On every DCP rank, the V2 speculator's draft-step attention metadata carries this
+    rank's share of the draft seq_lens (the shipped Triton kernel in the interpreter), so
+    the DSA indexer and the MLA backends run in DCP mode; padding rows get 0."""
+    module = v2_speculator.speculator
+    concrete = type(
+        "ConcreteSpeculator",
+        (module.DraftModelSpeculator,),
+        dict.fromkeys(
+            ["capture", "init_cudagraph_manager", "load_draft_model", "propose"],
+            lambda *args, **kwargs: None,
+        ),
+    )
+    seq_lens = [1, 17, 40, 333]
+    n, n_padded = len(seq_lens), 6
+    captured: list[dict] = []
+    saved = module.build_attn_metadata
+    module.build_attn_metadata = lambda **kw: captured.append(kw) or {}
+    try:
+        for rank in range(dcp):
+            spec = object.__new__(concrete)
+            spec.arange = torch.arange(9, dtype=torch.int32)
+            spec.input_buffers = SimpleNamespace(
+                query_start_loc=torch.arange(9, dtype=torch.int32),
+                seq_lens=torch.zeros(8, dtype=torch.int32),
+                dcp_local_seq_lens=torch.full((8,), -1, dtype=torch.int32),
+            )
+            spec.input_buffers.seq_lens[:n] = torch.tensor(seq_lens)
+            spec.block_tables = SimpleNamespace(
+                input_block_tables=[torch.zeros(8, 4, dtype=torch.int32)],
+                slot_mappings=torch.zeros(1, 64, dtype=torch.int64),
+                cp_size=dcp,
+                cp_rank=rank,
+                cp_interleave=interleave,
+            )
+            spec.attn_groups, spec.kv_cache_config = [], None
+            spec.draft_max_seq_len = 1024
+            spec._build_draft_attn_metadata(
+                num_reqs=n, num_reqs_padded=n_padded, num_tokens_padded=n_padded
+            )
+            local = captured[-1].get("dcp_local_seq_lens")
+            assert local is not None
+            ref = kernels.get_dcp_local_seq_lens(
+                torch.tensor(seq_lens, dtype=torch.int32), dcp, rank, interleave
+            )
+            assert local[:n].tolist() == ref.tolist()
+            assert local[n:n_padded].tolist() == [0, 0]
+    finally:
+        module.build_attn_metadata = saved
