@@ -311,10 +311,12 @@ def check_standalone(
     workdir: Path,
     *,
     run_tests: TestRunner | None = None,
+    test_targets: Sequence[str] = ("vllm",),
     log: Log = _quiet,
 ) -> list[Standalone]:
     """Apply each selected patch with ``git am`` to a scratch repo of its target's base plus its
-    declared dependencies; on failure find the undeclared earlier patches it needs."""
+    declared dependencies; on failure find the undeclared earlier patches it needs. The
+    patch's own tests run (``run_tests``) for the targets in ``test_targets`` only."""
     results: list[Standalone] = []
     repos: dict[str, tuple[ScratchRepo, str]] = {}
     for patch in selected:
@@ -328,7 +330,8 @@ def check_standalone(
             repos[target] = (repo, base)
         repo, base = repos[target]
         log(f"Checking {patch.name} standalone")
-        results.append(_check_one(repo, base, patch, patches, mboxes, run_tests))
+        runner = run_tests if target in test_targets else None
+        results.append(_check_one(repo, base, patch, patches, mboxes, runner))
     return results
 
 
