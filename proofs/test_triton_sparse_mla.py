@@ -11,11 +11,10 @@ numpy), attention is computed in float64.
 
 Tolerances (stated once, used everywhere):
   * The kernel rounds q, the dequantised keys/values and the softmax weights to
-    bf16 for the matrix products and writes a bf16 output (with fold_scales the
-    keys stay exact e4m3 values and P * scale is rounded instead). The reference
-    mirrors the first two roundings (q and, without fold_scales, the keys are
-    rounded to bf16 exactly as the kernel does), so what remains is the bf16
-    rounding of P and of the output plus fp32 accumulation: |out - ref| <= OUT_ATOL + OUT_RTOL * max|V over the row| and
+    bf16 for the matrix products and writes a bf16 output. The reference mirrors
+    the first two roundings (q and keys are rounded to bf16 exactly as the kernel
+    does), so what remains is the bf16 rounding of P and of the output plus fp32
+    accumulation: |out - ref| <= OUT_ATOL + OUT_RTOL * max|V over the row| and
     |lse - ref| <= LSE_ATOL.
   * Splitting the top-k range (split-KV + combine) changes only fp32 summation
     order: compared with the unsplit kernel at SPLIT_ATOL on the fp32 LSE.
@@ -197,9 +196,7 @@ def problems(draw):
     use_counts = draw(st.booleans())
     num_splits = draw(st.sampled_from([None, 1, 2, 3, 7]))
     block_n = draw(st.sampled_from([16, 32]))
-    fold_scales = draw(st.booleans())
     return dict(
-        fold_scales=fold_scales,
         seed=seed,
         t_rows=t_rows,
         heads=heads,
@@ -221,11 +218,8 @@ def build(p: dict, tsm):
     n = p["block_size"] * p["num_blocks"]
     records = tsm.quantize_fp8_ds_mla(make_kv(rng, n))
     keys = ref_decode(records.numpy())
-    # Without fold_scales the kernel feeds dequantised bf16 keys to the dot: mirror
-    # that rounding. With fold_scales it multiplies the exact e4m3 values and applies
-    # the fp32 scales to the scores: the keys are exact.
-    if not p["fold_scales"]:
-        keys = _round_bf16(keys)
+    # The kernel feeds dequantised bf16 keys to the dot: mirror that rounding.
+    keys = _round_bf16(keys)
     cache = cache_layout(records, p["block_size"], p["layout"])
     pool = np.arange(n) if p["dup_pool"] is None else rng.integers(0, n, p["dup_pool"])
     indices = rng.choice(pool, size=(p["t_rows"], p["topk"])).astype(np.int32)
@@ -263,7 +257,6 @@ def test_kernel_matches_float64_reference(tsm, p):
         keys,
         num_splits=p["num_splits"],
         block_n=p["block_n"],
-        fold_scales=p["fold_scales"],
     )
 
 
