@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import stat
 import tarfile
@@ -278,3 +279,97 @@ def test_pristine_tree_is_read_only_and_reused(
     assert pristine_tree("pkg", root=root, offline=True) == tree
     assert not marker.exists() and init.read_bytes() == b"X = 1\n"
     os.chmod(init, 0o644)
+
+
+# ----------------------------------------------------------------------------- the real pip runner
+
+FAKE_PIP = """\
+import json, os, sys
+from pathlib import Path
+args = sys.argv[1:]
+Path(os.environ["FAKE_PIP_LOG"]).write_text(json.dumps({"args": args, "env": dict(os.environ)}))
+if os.environ.get("FAKE_PIP_FAIL"):
+    print("ERROR: No matching distribution found", file=sys.stderr)
+    sys.exit(3)
+dest = Path(args[args.index("--dest") + 1])
+(dest / "pkg-1.0.tar.gz").write_bytes(Path(os.environ["FAKE_PIP_SOURCE"]).read_bytes())
+"""
+
+
+@pytest.fixture
+def fake_pip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """$PATCHSET_PIP pointing at a script that logs its argv/env and 'downloads' SDIST."""
+    import sys
+
+    script = tmp_path / "fake_pip.py"
+    script.write_text(FAKE_PIP)
+    source = tmp_path / "served.tar.gz"
+    source.write_bytes(SDIST)
+    log = tmp_path / "pip.json"
+    monkeypatch.setenv("PATCHSET_PIP", f"{sys.executable} {script}")
+    monkeypatch.setenv("FAKE_PIP_LOG", str(log))
+    monkeypatch.setenv("FAKE_PIP_SOURCE", str(source))
+    return log
+
+
+def test_cli_fetch_runs_pip_download_then_works_offline(
+    tmp_path: Path,
+    fake_pip: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`patchset fetch` runs `pip download --no-deps --dest <tmp> <pip_args> <requirement>` with
+    the pin's env; afterwards `fetch --offline` verifies the cache without running pip."""
+    from patchset.cli import main
+
+    root = make_repo(tmp_path)
+    (root / ".cache" / "patchset" / "pkg-1.0.tar.gz").unlink()
+    (root / "series").write_text("")
+    text = (
+        (root / "pins.toml")
+        .read_text()
+        .replace("pip_args = []", 'pip_args = ["--no-binary", "pkg"]')
+    )
+    (root / "pins.toml").write_text(
+        text.replace("[pkg.sdist.env]\n", '[pkg.sdist.env]\nPKG_X = "1"\n')
+    )
+    monkeypatch.delenv("PATCHSET_CACHE", raising=False)
+    assert main(["-C", str(root), "fetch"]) == 0
+    call = json.loads(fake_pip.read_text())
+    dest = call["args"][call["args"].index("--dest") + 1]
+    assert call["args"] == [
+        "download",
+        "--no-deps",
+        "--dest",
+        dest,
+        "--no-binary",
+        "pkg",
+        "pkg==1.0",
+    ]
+    assert call["env"]["PKG_X"] == "1" and call["env"]["PIP_NO_INPUT"] == "1"
+    assert "downloaded" in capsys.readouterr().out
+    fake_pip.unlink()
+    assert main(["-C", str(root), "fetch", "--offline"]) == 0
+    assert not fake_pip.exists()  # pip was not run
+    assert capsys.readouterr().out.startswith("cached")
+
+
+def test_cli_fetch_reports_a_failing_pip(
+    tmp_path: Path,
+    fake_pip: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A pip that fails exits 1 with the pip command and its last output lines."""
+    from patchset.cli import main
+
+    root = make_repo(tmp_path)
+    (root / ".cache" / "patchset" / "pkg-1.0.tar.gz").unlink()
+    (root / "series").write_text("")
+    monkeypatch.delenv("PATCHSET_CACHE", raising=False)
+    monkeypatch.setenv("FAKE_PIP_FAIL", "1")
+    assert main(["-C", str(root), "fetch"]) == 1
+    err = capsys.readouterr().err
+    assert "patchset: error: pip failed (exit 3)" in err
+    assert "No matching distribution found" in err
+    assert list((root / ".cache" / "patchset").iterdir()) == []
