@@ -71,8 +71,18 @@ def _as_module(name: str, module: ModuleType) -> Iterator[None]:
             sys.modules[name] = saved
 
 
+def _import_dependencies_first() -> None:
+    """Import the installed modules the loaded files depend on *before* the real Triton is
+    swapped in, so that only the loaded files themselves see it (other modules keep vLLM's
+    placeholder and other proofs are unaffected)."""
+    import vllm.v1.spec_decode.llm_base_proposer  # noqa: F401
+    import vllm.v1.worker.block_table  # noqa: F401
+    import vllm.v1.worker.gpu.spec_decode.speculator  # noqa: F401
+
+
 @pytest.fixture(scope="module")
 def kernels() -> SimpleNamespace:
+    _import_dependencies_first()
     with _real_triton():
         spec_utils = load_leaf("vllm/v1/spec_decode/utils.py")
         block_table = load_leaf("vllm/v1/worker/block_table.py")
@@ -232,6 +242,7 @@ def test_proposer_draft_step_matches_target_under_dcp2(kernels, interleave):
 
 @pytest.fixture(scope="module")
 def v2_speculator() -> SimpleNamespace:
+    _import_dependencies_first()
     with _real_triton():
         cp_utils = load_leaf("vllm/v1/worker/gpu/cp_utils.py")
         with _as_module("vllm.v1.worker.gpu.cp_utils", cp_utils):
