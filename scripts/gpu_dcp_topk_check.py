@@ -54,6 +54,9 @@ def load_leaf(tree: Path) -> ModuleType:
 
 
 def git_revision(path: Path) -> str | None:
+    """HEAD of the checkout; the device copy has no .git, so $DCP_GIT_REV names it there."""
+    if os.environ.get("DCP_GIT_REV"):
+        return os.environ["DCP_GIT_REV"]
     try:
         out = subprocess.run(
             ["git", "-C", str(path), "rev-parse", "HEAD"],

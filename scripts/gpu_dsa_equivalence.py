@@ -95,8 +95,8 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def git_revision() -> dict[str, Any]:
-    """The checkout's revision; the device copy has no .git, so DCP_SERIES_REV may name it."""
-    info: dict[str, Any] = {"env_DCP_SERIES_REV": os.environ.get("DCP_SERIES_REV")}
+    """The checkout's revision; the device copy has no .git, so DCP_GIT_REV may name it."""
+    info: dict[str, Any] = {"env_DCP_GIT_REV": os.environ.get("DCP_GIT_REV")}
     try:
         head = subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "HEAD"],
