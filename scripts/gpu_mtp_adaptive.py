@@ -144,12 +144,33 @@ def part_phases(args, root: Path) -> dict[str, Any]:
         phases.append(phase)
         print(region, json.dumps(phase)[:1500], flush=True)
     free_llm(llm)
-    code1 = phases[0].get("depth_runs", [])
-    prose = phases[1].get("depth_runs", [])
+    return {"phases": phases, **phase_verdict(phases)}
+
+
+def phase_verdict(phases: list[dict[str, Any]]) -> dict[str, Any]:
+    """Did the depth climb to 5 in the first code phase and fall back to 2 in the prose phase?
+
+    With the in-process depth trace (``depth_runs``) this reads the trace. With the V1 engine core
+    in its own process the trace is not visible here; then it reads each phase's Prometheus
+    depth histogram (``vllm:spec_decode_adaptive_depth_steps``, steps per depth): 5 was scheduled
+    during code phase 1, and prose ran steps at 2 after phase 1 had reached 5 (the ladder only falls
+    to 2 from 4 or 5, and the prose drafts are all rejected).
+    """
+    code1, prose = phases[0], phases[1]
+    if code1.get("depth_runs") and prose.get("depth_runs"):
+        return {
+            "verdict_from": "depth trace",
+            "climbed_to_5_in_code": any(d == 5 for d, _ in code1["depth_runs"]),
+            "fell_to_2_in_prose": prose["depth_runs"][-1][0] == 2,
+        }
+    hist_key = "vllm:spec_decode_adaptive_depth_steps"
+    code_hist = code1.get("metrics", {}).get(hist_key, {})
+    prose_hist = prose.get("metrics", {}).get(hist_key, {})
+    climbed = int(code_hist.get("5", 0)) > 0
     return {
-        "phases": phases,
-        "climbed_to_5_in_code": any(d == 5 for d, _ in code1),
-        "fell_to_2_in_prose": bool(prose) and prose[-1][0] == 2,
+        "verdict_from": "per-phase depth histograms",
+        "climbed_to_5_in_code": climbed,
+        "fell_to_2_in_prose": climbed and int(prose_hist.get("2", 0)) > 0,
     }
 
 
