@@ -1,0 +1,286 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Generate design/results.md: the evidence tables, read from the JSON files under results/.
+
+Docs never carry hand-typed figures: this script renders every table from the files the GPU and
+tool scripts wrote (each holding its command, revision and machine). Run after adding results:
+
+    python scripts/results_tables.py            # writes design/results.md
+    python scripts/results_tables.py --check    # exit 1 if design/results.md is out of date
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "results"
+OUT = REPO / "design" / "results.md"
+
+
+def load(pattern: str) -> list[tuple[str, dict[str, Any]]]:
+    """Every results/<pattern> file, sorted by name, as (file name, parsed JSON)."""
+    return [(p.name, json.loads(p.read_text())) for p in sorted(RESULTS.glob(pattern))]
+
+
+def table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines + [""]
+
+
+def fmt(x: float, digits: int = 3) -> str:
+    """A figure for a table: whole numbers from 100 up, else ``digits`` significant digits."""
+    if not isinstance(x, float):
+        return str(x)
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.{digits}g}"
+
+
+def revision(d: dict[str, Any]) -> str:
+    rev = d.get("launched_at_revision") or d.get("git_revision") or d.get("revision")
+    if isinstance(rev, dict):
+        rev = rev.get("head") or rev.get("overlay_manifest_sha256")
+    return str(rev)[:12] if rev else "unknown"
+
+
+def kernel_section() -> list[str]:
+    out: list[str] = []
+    for name, d in load("kernel-bench-h200.json"):
+        out += [f"### Triton sparse-MLA vs FlashMLA-sparse (fp8_ds_mla), `{name}`", ""]
+        out += [
+            f"Machine {d['machine']['gpu']}, revision {revision(d)}; command `{d['command']}`.",
+            "Ratio = FlashMLA time / Triton time (1.0 = parity); % HBM = record bytes read /",
+            "time / 4.8 TB/s. Triton times are its best measured tiling of the run.",
+            "",
+        ]
+        rows = [
+            [
+                e["kind"],
+                e.get("batch", e.get("rows")),
+                e["heads"],
+                e["topk"],
+                fmt(e["triton_ms"] * 1e3),
+                fmt(e.get("flashmla_ms", e.get("flashmla_fp8_mixed_ms", 0)) * 1e3),
+                fmt(e["speed_ratio_flashmla_over_triton"], 2),
+                fmt(e.get("triton_pct_hbm", float("nan")), 2),
+                fmt(e.get("flashmla_pct_hbm", float("nan")), 2),
+                fmt(e["maxdiff_out_triton_vs_flashmla"], 2),
+                fmt(e["maxdiff_lse_triton_vs_flashmla"], 2),
+            ]
+            for e in d["decode"] + d["extend"]
+        ]
+        out += table(
+            [
+                "kind",
+                "batch/rows",
+                "heads",
+                "top-k",
+                "Triton µs",
+                "FlashMLA µs",
+                "ratio",
+                "Triton % HBM",
+                "FlashMLA % HBM",
+                "max abs Δout",
+                "max abs Δlse",
+            ],
+            rows,
+        )
+    return out
+
+
+def equivalence_section() -> list[str]:
+    out = ["### End-to-end equivalence (tiny DSA model, greedy, logprobs=20 every step)", ""]
+    rows = []
+    for name, d in load("*.json"):
+        if d.get("kind") != "comparison":
+            continue
+
+        def cfg(side: dict[str, Any]) -> str:
+            c = side["config"]
+            used = (
+                side["attention_layers"][0][0]["backend"] if side.get("attention_layers") else "?"
+            )
+            return (
+                f"TP={c['tensor_parallel_size']} DCP={c['decode_context_parallel_size']} "
+                f"{used} {c['kv_cache_dtype']}"
+            )
+
+        lens = ", ".join(str(p["prompt_len"]) for p in d["prompts"])
+        worst = max(p["max_abs_logprob_diff"] for p in d["prompts"])
+        tokens = all(p["first_token_difference"] is None for p in d["prompts"])
+        rows.append(
+            [
+                f"`{name}`",
+                cfg(d["a"]),
+                cfg(d["b"]),
+                lens,
+                tokens,
+                fmt(worst, 2),
+                d["tolerance"]["atol_logprob"],
+                d["equivalent"],
+                revision(d),
+            ]
+        )
+    out += table(
+        [
+            "file",
+            "a",
+            "b",
+            "prompt lengths",
+            "tokens equal",
+            "max abs Δlogprob",
+            "atol",
+            "equivalent",
+            "revision",
+        ],
+        rows,
+    )
+    return out
+
+
+def topk_section() -> list[str]:
+    out: list[str] = []
+    for name, d in load("dcp-topk-*.json"):
+        cases = d["cases"]
+        out += [
+            f"### DCP global top-k: CuTe DSL vs the torch fallback, `{name}`",
+            "",
+            f"{len(cases)} cases (top-k x DCP x inputs x rows), identical selections: "
+            f"{sum(c['identical'] for c in cases)}/{len(cases)}; revision {revision(d)}.",
+            "",
+        ]
+        rows = [
+            [
+                c["topk"],
+                c["dcp"],
+                c["kind"],
+                c["rows"],
+                c["identical"],
+                fmt(c["timings"]["select_cutedsl_ms"] * 1e3),
+                fmt(c["timings"]["select_torch_ms"] * 1e3),
+            ]
+            for c in cases
+            if c["rows"] == max(x["rows"] for x in cases)
+        ]
+        out += table(
+            ["top-k", "DCP", "inputs", "rows", "identical", "CuTe select µs", "torch select µs"],
+            rows,
+        )
+    return out
+
+
+def mtp_section() -> list[str]:
+    out: list[str] = []
+    for name, d in load("mtp_exactness-*.json"):
+        out += [f"### MTP exactness, `{name}` (DCP={d['dcp']}, CUDA graphs={d['cuda_graphs']})", ""]
+        rows = [
+            [
+                k,
+                r["vs_no_spec"]["tokens_equal"],
+                fmt(r["vs_no_spec"]["max_logprob_abs_diff"], 2),
+                r["metrics"].get("vllm:spec_decode_num_accepted_tokens", "-"),
+                r["metrics"].get("vllm:spec_decode_num_draft_tokens", "-"),
+                json.dumps(r["metrics"].get("vllm:spec_decode_adaptive_depth_steps", {})),
+            ]
+            for k, r in d["runs"].items()
+            if "vs_no_spec" in r
+        ]
+        out += table(
+            [
+                "k",
+                "tokens == no-spec",
+                "max abs Δlogprob",
+                "accepted",
+                "drafted",
+                "depth histogram",
+            ],
+            rows,
+        )
+    for name, d in load("mtp_adaptive-*.json"):
+        ph = d["phases"]
+        out += [
+            f"### Adaptive depth on the mixed checkpoint, `{name}`",
+            "",
+            f"climbed to 5 in code: {ph['climbed_to_5_in_code']}; fell to 2 in prose: "
+            f"{ph['fell_to_2_in_prose']} (verdict from {ph.get('verdict_from', 'depth trace')}).",
+            "",
+        ]
+        rows = [
+            [
+                p["region"],
+                p["generated_tokens"],
+                p["tok_per_s"],
+                p["metrics"].get("vllm:spec_decode_num_accepted_tokens"),
+                p["metrics"].get("vllm:spec_decode_num_draft_tokens"),
+                json.dumps(p["metrics"].get("vllm:spec_decode_adaptive_depth_steps", {})),
+            ]
+            for p in ph["phases"]
+        ]
+        out += table(["phase", "tokens", "tok/s", "accepted", "drafted", "steps per depth"], rows)
+    return out
+
+
+def tool_section() -> list[str]:
+    out: list[str] = []
+    runs = load("bench_tool-*.json")
+    if runs:
+        name, d = runs[-1]
+        f = d["figures"]
+        out += [f"### patchset timings (2-core CI-class machine), `{name}`", ""]
+        out += table(
+            ["step", "median s", "min s", "target s", "within"],
+            [
+                [k, f[k]["median_s"], f[k]["min_s"], d["targets_s"][k], d["within_targets"][k]]
+                for k in ("apply_verify", "wheel")
+            ],
+        )
+        out += [f"Series at that run: {d['series']['vllm_patches']} vLLM patch(es).", ""]
+    for name, d in load("rebase-*.json"):
+        out += [
+            f"### Rebase dry-run {d['from']['version']} -> {d['onto']['version']}, `{name}`",
+            "",
+        ]
+        out += table(
+            ["patch", "status", "conflicting files"],
+            [
+                [p["name"], p["status"], ", ".join(c["path"] for c in p.get("conflicts", []))]
+                for p in d["patches"]
+            ],
+        )
+    return out
+
+
+def render() -> str:
+    lines = [
+        "# Evidence tables",
+        "",
+        "Generated by `python scripts/results_tables.py` from `results/*.json`; do not edit.",
+        "Each JSON holds the command, revision and machine of its run.",
+        "",
+    ]
+    for section in (kernel_section, equivalence_section, topk_section, mtp_section, tool_section):
+        lines += section()
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="fail if the file is out of date")
+    args = ap.parse_args(argv)
+    text = render()
+    if args.check:
+        if not OUT.is_file() or OUT.read_text() != text:
+            print(f"{OUT.relative_to(REPO)} is out of date: run scripts/results_tables.py")
+            return 1
+        return 0
+    OUT.write_text(text)
+    print(f"wrote {OUT.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
