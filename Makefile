@@ -51,7 +51,7 @@ lock-check: setup
 RUN_TOOL_TESTS = PATCHSET_TEST_VENV=$(abspath $(TESTENV)) \
 	$(PY) -m pytest -v -rfEs -p no:cacheprovider --continue-on-collection-errors tests $(PYTEST_ARGS)
 RUN_PROOFS = DCP_VLLM_TREE=$(abspath $(VLLM)) TRITON_INTERPRET=1 \
-	$(TESTPY) -m pytest -v -rfEs -p no:cacheprovider --continue-on-collection-errors proofs $(PYTEST_ARGS)
+	$(TESTPY) -m pytest -v -rfEs -p no:cacheprovider --continue-on-collection-errors --timeout=900 proofs $(PYTEST_ARGS)
 RUN_TREE_TESTS = $(PY) tests/vllm_tree_tests.py run --tree $(VLLM) --venv $(TESTENV)
 
 # Tool tests; the end-to-end ones that need the test venv skip (with the reason) without it.

@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -38,8 +39,12 @@ from patchset.hashing import sha256_file  # noqa: E402
 from patchset.series import for_target, load_series  # noqa: E402
 
 MARKER = "dcp-wheel.json"
-TEST_TOOLS = ("pytest>=8", "hypothesis>=6.100", "tblib")
-"""Installed next to the wheel: pytest, hypothesis (the proofs), tblib (vLLM's tests/conftest)."""
+TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "tblib")
+"""Installed next to the wheel: pytest (+ timeout), hypothesis (the proofs), tblib (vLLM's
+tests/conftest)."""
+TEST_TIMEOUT_S = 900
+"""Per-test limit: a hung test fails instead of stalling CI."""
+HF_HOST = "huggingface.co"
 
 
 def series_test_files(root: Path, tree: Path) -> list[str]:
@@ -88,6 +93,10 @@ def make_venv(receipt_path: Path, venv: Path, *, reuse: bool) -> int:
     env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
     pip = [str(venv_python(venv)), "-m", "pip", "install", "--progress-bar", "off", "-q"]
     if reuse and marker and venv_python(venv).exists():
+        tools = subprocess.run([*pip, *TEST_TOOLS], env=env, check=False)
+        if tools.returncode != 0:
+            print(f"error: pip install of the test tools failed (exit {tools.returncode})")
+            return tools.returncode
         if marker.get("sha256") == actual:
             print(f"testenv: reusing {venv} (it has {wheel.name} installed)")
             return 0
@@ -116,6 +125,15 @@ def make_venv(receipt_path: Path, venv: Path, *, reuse: bool) -> int:
     return 0
 
 
+def reachable(host: str, port: int = 443, timeout: float = 5.0) -> bool:
+    """Whether a TCP connection to ``host:port`` opens within ``timeout`` seconds."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def run_tests(root: Path, tree: Path, venv: Path, pytest_args: Sequence[str]) -> int:
     files = series_test_files(root, tree)
     if not files:
@@ -135,7 +153,14 @@ def run_tests(root: Path, tree: Path, venv: Path, pytest_args: Sequence[str]) ->
         shutil.copyfile(tree / "pyproject.toml", work / "pyproject.toml")
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         env.pop("PYTHONPATH", None)
+        if "HF_HUB_OFFLINE" not in env and not reachable(HF_HOST):
+            print(
+                f"vLLM-tree tests: {HF_HOST} is unreachable: HF_HUB_OFFLINE=1, so tests that "
+                "need a model from the hub fail at once instead of retrying"
+            )
+            env["HF_HUB_OFFLINE"] = "1"
         cmd = [str(venv_python(venv)), "-m", "pytest", "-v", "-rfEs", "-p", "no:cacheprovider"]
+        cmd += [f"--timeout={TEST_TIMEOUT_S}"]
         proc = subprocess.run([*cmd, *pytest_args, *files], cwd=work, env=env, check=False)
     return proc.returncode
 
