@@ -48,7 +48,7 @@ wheel: apply verify
 lock-check: setup
 	$(PATCHSET) lock --check
 
-RUN_TOOL_TESTS = PATCHSET_TEST_VENV=$(abspath $(TESTENV)) \
+RUN_TOOL_TESTS = PATCHSET_TEST_VENV=$(abspath $(TESTENV)) PATCHSET_TEST_TREE=$(abspath $(VLLM)) \
 	$(PY) -m pytest -v -rfEs -p no:cacheprovider --continue-on-collection-errors tests $(PYTEST_ARGS)
 RUN_PROOFS = DCP_VLLM_TREE=$(abspath $(VLLM)) TRITON_INTERPRET=1 \
 	$(TESTPY) -m pytest -v -rfEs -p no:cacheprovider --continue-on-collection-errors --timeout=900 proofs $(PYTEST_ARGS)

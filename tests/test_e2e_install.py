@@ -19,6 +19,8 @@ from patchset.hashing import sha256_file
 
 REPO = Path(__file__).resolve().parent.parent
 MARKER = "dcp-wheel.json"
+TREE = Path(os.environ.get("PATCHSET_TEST_TREE", REPO / "build" / "vllm")).resolve()
+"""The patched tree the wheel was built from (``make test`` passes ``$(VLLM)``)."""
 
 pytestmark = pytest.mark.slow
 
@@ -97,7 +99,7 @@ def test_import_vllm_loads_the_installed_wheel(testenv: Path, probe: dict[str, A
     site = Path(probe["platlib"]).resolve()
     assert vllm_file == site / "vllm" / "__init__.py"
     assert site.is_relative_to(testenv.resolve()) and "site-packages" in site.parts
-    assert not vllm_file.is_relative_to((REPO / "build" / "vllm").resolve())
+    assert not vllm_file.is_relative_to(TREE)
 
 
 def test_installed_version_carries_the_series_label(
@@ -111,19 +113,17 @@ def test_installed_version_carries_the_series_label(
 def test_installed_files_are_the_overlaid_ones(
     probe: dict[str, Any], receipt: dict[str, Any]
 ) -> None:
-    """Every overlaid file in site-packages has the receipt's sha256 (and that of the patched
-    tree); every file the series deletes is absent."""
+    """Every overlaid file in site-packages has the receipt's sha256, which is also the patched
+    tree's; every file the series deletes is absent."""
     assert receipt["overlay"], "the series overlays no file: nothing proves the patch is installed"
     site = Path(probe["platlib"])
-    tree = REPO / "build" / "vllm"
     for entry in receipt["overlay"]:
         installed = site / entry["path"]
         if entry["sha256"] is None:
             assert not installed.exists(), entry["path"]
             continue
         assert sha256_file(installed) == entry["sha256"], entry["path"]
-        if tree.is_dir():
-            assert sha256_file(tree / entry["path"]) == entry["sha256"], entry["path"]
+        assert sha256_file(TREE / entry["path"]) == entry["sha256"], entry["path"]
 
 
 def test_import_system_finds_the_patched_modules(
