@@ -405,7 +405,10 @@ def cmd_export(args: argparse.Namespace, repo: Path) -> int:
             if "/" in python:  # a path: the tests run in another directory
                 python = str(Path(python).absolute())
             runner = OverlayTestRunner(
-                python=python, workdir=Path(tmp), extra_path=args.test_path or ""
+                python=python,
+                workdir=Path(tmp),
+                extra_path=args.test_path or "",
+                timeout_s=args.test_timeout,
             )
         results = check_standalone(
             series, selected, mboxes, bases, Path(tmp), run_tests=runner, log=_info
@@ -502,6 +505,9 @@ def _add_upstream_commands(sub: argparse._SubParsersAction) -> None:  # type: ig
     )
     p.add_argument("--test-path", help="extra PYTHONPATH entries for the tests")
     p.add_argument("--no-tests", action="store_true", help="check application only")
+    p.add_argument(
+        "--test-timeout", type=int, default=1800, help="seconds per patch's tests (default 1800)"
+    )
     p.add_argument("--base", action="append", help="TARGET=DIR pristine base (default: fetch)")
     p.add_argument("--offline", action="store_true", help="never run pip; use the cache only")
     p.add_argument("-v", "--verbose", action="store_true", help="show failing test output")
