@@ -96,47 +96,19 @@ def machine() -> dict[str, Any]:
     return info
 
 
-def _install_parallel_overrides(overrides: dict[str, Any]) -> None:
-    """Set ParallelConfig fields that EngineArgs may not expose as arguments."""
-    from vllm.engine.arg_utils import EngineArgs
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``LLM(...)`` arguments of one configuration.
 
-    missing = {k: v for k, v in overrides.items() if not hasattr(EngineArgs, k)}
-    if not missing:
-        return
-    original = EngineArgs.create_engine_config
-
-    def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
-        config = original(self, *args, **kwargs)
-        for key, value in missing.items():
-            setattr(config.parallel_config, key, value)
-        return config
-
-    EngineArgs.create_engine_config = create_engine_config  # type: ignore[method-assign]
-
-
-def run_worker(args: argparse.Namespace) -> None:
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    import torch
-    import torch.distributed as dist
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
+    The DCP transport settings are plain engine arguments (patches 0008-0010 add them to
+    EngineArgs), so a vLLM without those patches refuses them instead of ignoring them.
+    """
     cfg = CONFIGS[args.config]
-    dcp = cfg["dcp"]
-    overrides: dict[str, Any] = {}
-    if dcp > 1:
-        overrides = {
-            "dcp_prefill_route": cfg["dcp_prefill_route"],
-            "dcp_wire_dtype": cfg["dcp_wire_dtype"],
-            "dcp_comm_ledger_size": args.ledger_size,
-        }
-    _install_parallel_overrides(overrides)
-    engine_kwargs: dict[str, Any] = dict(
+    kwargs: dict[str, Any] = dict(
         model=str(args.model),
         skip_tokenizer_init=True,
         load_format="dummy",
         tensor_parallel_size=args.tp,
-        decode_context_parallel_size=dcp,
+        decode_context_parallel_size=cfg["dcp"],
         distributed_executor_backend="external_launcher",
         kv_cache_dtype="fp8_ds_mla",
         max_model_len=max(args.lengths) + 256,
@@ -148,13 +120,25 @@ def run_worker(args: argparse.Namespace) -> None:
         seed=0,
     )
     if args.attention_backend:
-        engine_kwargs["attention_backend"] = args.attention_backend
-    for key, value in overrides.items():
-        from vllm.engine.arg_utils import EngineArgs
+        kwargs["attention_backend"] = args.attention_backend
+    if cfg["dcp"] > 1:
+        kwargs.update(
+            dcp_prefill_route=cfg["dcp_prefill_route"],
+            dcp_wire_dtype=cfg["dcp_wire_dtype"],
+            dcp_comm_ledger_size=args.ledger_size,
+        )
+    return kwargs
 
-        if hasattr(EngineArgs, key):
-            engine_kwargs[key] = value
-    llm = LLM(**engine_kwargs)
+
+def run_worker(args: argparse.Namespace) -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import torch
+    import torch.distributed as dist
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    cfg = CONFIGS[args.config]
+    llm = LLM(**engine_kwargs(args))
     rank = dist.get_rank() if dist.is_initialized() else 0
     gen = torch.Generator().manual_seed(1234)
 
