@@ -4,7 +4,7 @@
 Model: ``scripts/models/glm5-attn-tiny`` (GLM-5 attention geometry: 64 heads at TP1,
 MLA 512 + 64 -> 576, V latent 512, DSA top-k 2048; 4 small dense layers) with dummy
 weights, fp8_ds_mla KV cache, prefix caching off, so every prompt is prefilled cold.
-Configurations (all TP=2 on 2 GPUs):
+Configurations (TP=``--tp`` GPUs; the DCP ones at DCP=``--dcp``, default 2):
 
 * ``dcp1``: DCP=1 (the ceiling: no DCP traffic, half the KV capacity per rank);
 * ``query-bf16``: DCP=2, stock query route (``dcp_prefill_route=query``);
@@ -108,7 +108,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         skip_tokenizer_init=True,
         load_format="dummy",
         tensor_parallel_size=args.tp,
-        decode_context_parallel_size=cfg["dcp"],
+        decode_context_parallel_size=args.dcp if cfg["dcp"] > 1 else 1,
         distributed_executor_backend="external_launcher",
         kv_cache_dtype="fp8_ds_mla",
         max_model_len=max(args.lengths) + 256,
@@ -265,6 +265,7 @@ def run_driver(args: argparse.Namespace, argv: list[str], passthrough: list[str]
         "model": str(args.model),
         "settings": {
             "tp": args.tp,
+            "dcp": args.dcp,
             "chunk": args.chunk,
             "lengths": args.lengths,
             "prompts": args.prompts,
@@ -308,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fabrics", nargs="+", choices=sorted(FABRICS), default=["p2p", "pcie-like"])
     p.add_argument("--model", type=Path, default=MODEL)
     p.add_argument("--tp", type=int, default=2)
+    p.add_argument(
+        "--dcp", type=int, default=2, help="DCP size of the DCP configurations (divides --tp)"
+    )
     p.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768, 65536])
     p.add_argument("--prompts", type=int, default=2)
     p.add_argument(
