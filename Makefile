@@ -120,3 +120,15 @@ lint: lint-patches
 
 rebase-report: fetch
 	scripts/rebase_report.sh $(REBASE_ONTO)
+
+# The patch-authoring repository (CONTRIBUTING.md): the pinned vLLM sdist, unpacked and committed
+# as one commit on branch `base` of build/vllm-git, so each patch is one commit of a worktree.
+DEV_REPO := build/vllm-git
+dev-repo: fetch
+	@if [ -d $(DEV_REPO)/.git ]; then echo "$(DEV_REPO) exists"; else \
+	  PYTHONPATH=tools $(PY) -c 'import sys; from pathlib import Path; from patchset.fetch import unpack_sdist; unpack_sdist("vllm", Path(sys.argv[1]))' $(DEV_REPO) && \
+	  git -C $(DEV_REPO) init -q -b base && git -C $(DEV_REPO) add -f -A && \
+	  git -C $(DEV_REPO) -c user.name=dcp-series -c user.email=dcp-series@example.invalid \
+	    commit -q -m "vLLM 0.26.0 sdist (pristine, all files)" && \
+	  echo "$(DEV_REPO): branch base at $$(git -C $(DEV_REPO) rev-parse --short HEAD)"; fi
+.PHONY: dev-repo
