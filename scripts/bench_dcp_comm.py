@@ -56,6 +56,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from evidence import git_revision
 
 REPO = Path(__file__).resolve().parent.parent
 LEAVES = {
@@ -81,19 +82,6 @@ def load_leaf(tree: Path, rel: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
-
-
-def git_revision(path: Path) -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(path), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip()
 
 
 def machine() -> dict[str, Any]:

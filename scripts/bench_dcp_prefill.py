@@ -48,6 +48,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from evidence import git_revision
+
 REPO = Path(__file__).resolve().parent.parent
 MODEL = REPO / "scripts" / "models" / "glm5-attn-tiny"
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -59,19 +61,6 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 FABRICS = {"p2p": {}, "pcie-like": {"NCCL_P2P_DISABLE": "1"}}
 GREEDY_LENGTHS = (8192, 32768)
-
-
-def git_revision(path: Path) -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(path), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip()
 
 
 def machine() -> dict[str, Any]:

@@ -26,7 +26,6 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
+from evidence import git_revision
 
 REPO = Path(__file__).resolve().parent.parent
 LEAF = "vllm/v1/attention/ops/dcp_topk_merge.py"
@@ -51,22 +51,6 @@ def load_leaf(tree: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def git_revision(path: Path) -> str | None:
-    """HEAD of the checkout; the device copy has no .git, so $DCP_GIT_REV names it there."""
-    if os.environ.get("DCP_GIT_REV"):
-        return os.environ["DCP_GIT_REV"]
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(path), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip()
 
 
 def package_version(name: str) -> str | None:

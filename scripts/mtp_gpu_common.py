@@ -13,30 +13,19 @@ import json
 import os
 import platform
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import evidence
+
 REPO = Path(__file__).resolve().parent.parent
 
 
 def git_revision() -> str:
-    """The series revision: $DCP_GIT_REV, else ``git rev-parse HEAD``, else "unknown"
-    (the device machine receives a copy of the working tree without .git)."""
-    if os.environ.get("DCP_GIT_REV"):
-        return os.environ["DCP_GIT_REV"]
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """The series revision ($DCP_GIT_REV on the device machine), or "unknown"."""
+    return evidence.git_revision() or "unknown"
 
 
 def machine() -> dict[str, Any]:
