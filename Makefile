@@ -86,6 +86,7 @@ lint: setup
 	$(PY) -m ruff check tools tests scripts proofs
 	$(PY) -m ruff format --check tools tests scripts proofs
 	$(PATCHSET) lock --check
+	$(PY) scripts/results_tables.py --check
 
 bench-tool: setup fetch
 	$(PY) scripts/bench_tool.py
