@@ -90,6 +90,7 @@ lint: setup
 
 bench-tool: setup fetch
 	$(PY) scripts/bench_tool.py
+	$(PY) scripts/results_tables.py
 
 clean:
 	rm -rf build/vllm build/base build/testenv dist
