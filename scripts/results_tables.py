@@ -254,6 +254,20 @@ def tool_section() -> list[str]:
     return out
 
 
+def export_section() -> list[str]:
+    out: list[str] = []
+    for name, d in load("export-check*.json"):
+        out += [f"### Each patch standalone on the pinned base (+ its Depends-on), `{name}`", ""]
+        out += table(
+            ["patch", "depends on", "standalone", "its own vLLM-tree tests (CPU)"],
+            [
+                [p, ", ".join(r["depends_on"]) or "-", r["standalone"], r["tests"]["summary"]]
+                for p, r in d["patches"].items()
+            ],
+        )
+    return out
+
+
 def render() -> str:
     lines = [
         "# Evidence tables",
@@ -262,7 +276,14 @@ def render() -> str:
         "Each JSON holds the command, revision and machine of its run.",
         "",
     ]
-    for section in (kernel_section, equivalence_section, topk_section, mtp_section, tool_section):
+    for section in (
+        kernel_section,
+        equivalence_section,
+        topk_section,
+        mtp_section,
+        tool_section,
+        export_section,
+    ):
         lines += section()
     return "\n".join(lines).rstrip() + "\n"
 

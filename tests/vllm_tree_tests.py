@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
 
 from patchset.errors import PatchsetError  # noqa: E402
+from patchset.export import HF_HOST, hub_offline_env  # noqa: E402
 from patchset.hashing import sha256_file  # noqa: E402
 from patchset.series import for_target, load_series  # noqa: E402
 
@@ -47,7 +47,6 @@ CPU platform where no GPU is visible, and a pytest plugin that reports hub-only 
 skips with their reason when huggingface.co is unreachable)."""
 TEST_TIMEOUT_S = 900
 """Per-test limit: a hung test fails instead of stalling CI."""
-HF_HOST = "huggingface.co"
 
 
 def series_test_files(root: Path, tree: Path) -> list[str]:
@@ -128,15 +127,6 @@ def make_venv(receipt_path: Path, venv: Path, *, reuse: bool) -> int:
     return 0
 
 
-def reachable(host: str, port: int = 443, timeout: float = 5.0) -> bool:
-    """Whether a TCP connection to ``host:port`` opens within ``timeout`` seconds."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
 def run_tests(root: Path, tree: Path, venv: Path, pytest_args: Sequence[str]) -> int:
     files = series_test_files(root, tree)
     if not files:
@@ -156,13 +146,13 @@ def run_tests(root: Path, tree: Path, venv: Path, pytest_args: Sequence[str]) ->
         shutil.copyfile(tree / "pyproject.toml", work / "pyproject.toml")
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         env.pop("PYTHONPATH", None)
-        if "HF_HUB_OFFLINE" not in env and not reachable(HF_HOST):
+        offline = hub_offline_env()
+        if offline:
             print(
                 f"vLLM-tree tests: {HF_HOST} is unreachable: HF_HUB_OFFLINE=1, so tests that "
                 "need a model from the hub fail at once instead of retrying"
             )
-            env["HF_HUB_OFFLINE"] = "1"
-            env["DCP_HUB_UNREACHABLE"] = "1"
+            env.update(offline)
             print(
                 "vLLM-tree tests: a failure that is only the hub's offline error is reported as "
                 "SKIPPED with that reason (dcp_ci_support.hub_offline); all others still fail"

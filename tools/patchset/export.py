@@ -19,6 +19,7 @@ import importlib.util
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -472,6 +473,26 @@ def overlay_package(installed: Path, tree: Path, changed: Sequence[str], dest: P
     return root
 
 
+HF_HOST = "huggingface.co"
+
+
+def hub_offline_env(host: str = HF_HOST, timeout: float = 5.0) -> dict[str, str]:
+    """Environment for vLLM tests where the Hugging Face hub cannot be reached, else ``{}``.
+
+    ``HF_HUB_OFFLINE=1`` makes hub lookups fail at once instead of retrying, and
+    ``DCP_HUB_UNREACHABLE=1`` lets the test venv's ``dcp_ci_support`` pytest plugin report a
+    failure that is only the hub's offline error as a skip with that reason. An explicit
+    ``HF_HUB_OFFLINE`` in the environment is left alone (no probe).
+    """
+    if "HF_HUB_OFFLINE" in os.environ:
+        return {}
+    try:
+        with socket.create_connection((host, 443), timeout=timeout):
+            return {}
+    except OSError:
+        return {"HF_HUB_OFFLINE": "1", "DCP_HUB_UNREACHABLE": "1"}
+
+
 @dataclass
 class OverlayTestRunner:
     """Run a patch's tests with ``python -m pytest`` against an installed vLLM plus the patch.
@@ -499,7 +520,7 @@ class OverlayTestRunner:
             run = Path(tmp)
             overlay = overlay_package(installed, tree, changed, run)
             shutil.copytree(tree / "tests", run / "run" / "tests", symlinks=True)
-            env = {**os.environ, **(self.env or {})}
+            env = {**os.environ, **hub_offline_env(), **(self.env or {})}
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(overlay), self.extra_path) if p)
             argv = [self.python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *files]
             try:
