@@ -144,3 +144,12 @@ def git(cwd: Path, *args: str) -> str:
     )
     result = subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True)
     return result.stdout.decode()
+
+
+FORMAT_PATCH_ARGS = ("--full-index", "--no-signature", "--zero-commit", "-N", "--no-stat")
+"""How CONTRIBUTING.md exports a patch with git (the series' layout)."""
+
+
+def format_patch_head(cwd: Path) -> bytes:
+    """``git format-patch`` of HEAD in ``cwd``, in the series' layout, as bytes."""
+    return git(cwd, "format-patch", *FORMAT_PATCH_ARGS, "-1", "--stdout").encode()

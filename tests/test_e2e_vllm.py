@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import git, snapshot
+from conftest import format_patch_head, git, snapshot
 from patchset.cli import main
 from patchset.fetch import cache_dir, pristine_tree
 from patchset.hashing import sha256_bytes
@@ -30,17 +30,7 @@ pytestmark = pytest.mark.slow
 def _format_patch(work: Path, message: str) -> bytes:
     git(work, "add", "-A")
     git(work, "commit", "-qs", "-m", message)
-    return git(
-        work,
-        "format-patch",
-        "--full-index",
-        "--no-signature",
-        "--zero-commit",
-        "-N",
-        "--no-stat",
-        "-1",
-        "--stdout",
-    ).encode()
+    return format_patch_head(work)
 
 
 def _edit(path: Path, old: bytes, new: bytes) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import git
+from conftest import format_patch_head, git
 from hypothesis import given
 from hypothesis import strategies as st
 from patchset.model import PatchHeader
@@ -53,17 +53,7 @@ def test_parses_real_format_patch_with_folded_subject(tmp_path) -> None:
     title = "[Core] " + "a long title word " * 5
     body = "Purpose.\n\nUpstream-Status: Submitted [https://github.com/vllm-project/vllm/pull/1]"
     git(tmp_path, "commit", "-qasm", title.strip(), "-m", body, "-s")
-    data = git(
-        tmp_path,
-        "format-patch",
-        "--full-index",
-        "--no-signature",
-        "--zero-commit",
-        "-N",
-        "--no-stat",
-        "-1",
-        "--stdout",
-    ).encode()
+    data = format_patch_head(tmp_path)
     header_text, diff = split_patch(data)
     assert diff.startswith(b"diff --git a/f b/f\n")
     header = parse_header(header_text)

@@ -80,7 +80,7 @@ def test_refresh_of_a_new_file_writes_a_new_file_diff(ws: Workspace) -> None:
 def test_refresh_of_unedited_git_patch_reproduces_git_bytes(ws: Workspace, tmp_path) -> None:
     """For changes with one best alignment, refresh writes exactly what git format-patch wrote
     (blob ids, modes, hunk ranges and git's default function-context hunk headers)."""
-    from conftest import git
+    from conftest import format_patch_head, git
 
     source = b"".join(
         [b"import os\n", b"\n", b"\n", b"class Widget:\n"]
@@ -99,17 +99,7 @@ def test_refresh_of_unedited_git_patch_reproduces_git_bytes(ws: Workspace, tmp_p
     (work / "pkg/new.py").write_bytes(b"x = 1")
     git(work, "add", "-A")
     git(work, "commit", "-qs", "-m", "[Test] edit", "-m", "Why.\n\nUpstream-Status: Pending")
-    made = git(
-        work,
-        "format-patch",
-        "--full-index",
-        "--no-signature",
-        "--zero-commit",
-        "-N",
-        "--no-stat",
-        "-1",
-        "--stdout",
-    ).encode()
+    made = format_patch_head(work)
     assert b"@@ -39,4 +39,4 @@ class Widget:\n" in made
     ws.setup({"pkg/w.py": source}, [("vllm/0001-edit.patch", made)])
     assert ws.cli("apply") == 0
