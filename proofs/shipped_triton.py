@@ -72,12 +72,18 @@ def load_shipped_triton(
         spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        # Registered before the body runs, as importlib does, so that dataclasses and other
+        # code that looks its own module up in sys.modules work.
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
     finally:
         for key, value in saved.items():
             if value is None:
                 sys.modules.pop(key, None)
             else:
                 sys.modules[key] = value
-    sys.modules[name] = module
     return module

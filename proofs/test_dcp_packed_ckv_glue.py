@@ -44,55 +44,16 @@ class Metadata:
     block_table: torch.Tensor
 
 
-def _exec_with_stand_ins(relpath: str, stand_ins: dict[str, dict[str, object]]):
-    """Execute a shipped module of the patched tree with ``vllm.*`` imports resolved to
-    the given stand-ins (registered before the body runs, so its dataclasses resolve)."""
-    import importlib.util
-    import types
-
-    from conftest import patched_tree
-
-    path = patched_tree() / relpath
-    if not path.is_file():
-        pytest.fail(f"{path} not found: run `make apply` (or set DCP_VLLM_TREE) first")
-    shims: dict[str, types.ModuleType] = {}
-    for name, attrs in stand_ins.items():
-        module = types.ModuleType(name)
-        module.__dict__.update(attrs)
-        shims[name] = module
-        parts = name.split(".")
-        for i in range(1, len(parts)):
-            parent = ".".join(parts[:i])
-            if parent not in shims:
-                shims[parent] = types.ModuleType(parent)
-                shims[parent].__path__ = []
-    saved = {key: sys.modules.get(key) for key in shims}
-    name = "dcp_glue_" + Path(relpath).stem
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        sys.modules.update(shims)
-        spec.loader.exec_module(module)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                sys.modules.pop(key, None)
-            else:
-                sys.modules[key] = value
-    return module
-
-
 def _load_glue(rank: int, world: int):
     import torch.distributed as dist
     from conftest import load_leaf
+    from shipped_triton import load_shipped_triton
 
     ckv = load_leaf("vllm/v1/attention/ops/dcp_packed_ckv.py")
     ledger = load_leaf("vllm/v1/attention/ops/dcp_comm_ledger.py")
     kernel = load_leaf("vllm/v1/attention/ops/triton_sparse_mla.py")
     group = SimpleNamespace(rank_in_group=rank, world_size=world, device_group=dist.group.WORLD)
-    glue = _exec_with_stand_ins(
+    glue = load_shipped_triton(
         GLUE,
         {
             "vllm.distributed": {"get_dcp_group": lambda: group},
