@@ -3,15 +3,18 @@
 # the repository root after the staged vLLM is installed (../shared/gpu recipe) and .gpu-overlay
 # (the applied series, from .gpu/overlay-build.sh) is carried:
 #     bash scripts/gpu_h200_session.sh STAGE...
-# Stages: topk | tree-tests | eq-triton | eq-flashmla | mtp-exact | mtp-adaptive
+# Stages: topk | tree-tests | eq-triton | eq-flashmla | mtp-exact | mtp-tps | mtp-survey
 # Results are kept in $RES (survives between calls on a warm machine; $OUT is emptied per call)
 # and each stage copies what it wrote to $OUT (copied into results/ afterwards).
 set -uo pipefail
 : "${OUT:?run on the device machine}"
 export DCP_GIT_REV="${DCP_GIT_REV:-unknown}"
 [ -d "$HOME/gpu-vllm-patched" ] || bash .gpu/device-overlay.sh
-VARIANT=patched source .gpu/device-env.sh
+export VARIANT=patched; source .gpu/device-env.sh
+# in-process engine core: the MTP scripts read the scheduler's depth trace
+export VLLM_ENABLE_V1_MULTIPROCESSING=0
 export DCP_VLLM_TREE="$HOME/gpu-vllm-patched"
+CKPT=/tmp/tiny_mtp_glm
 S=scripts/gpu_dsa_equivalence.py
 RES=/tmp/dcp-res; mkdir -p "$RES"
 for stage in "$@"; do
@@ -36,15 +39,34 @@ for stage in "$@"; do
       python3 $S compare --out-dir "$RES" --name dsa-eq-triton-vs-flashmla-fp8-tp1 \
         "$RES/dsa-tp1-triton-fp8.json" "$RES/dsa-tp1-flashmla-fp8.json" ;;
     mtp-exact)
-      python3 scripts/make_tiny_mtp_ckpt.py --out /tmp/tiny_mtp > "$RES/mtp-ckpt.log" 2>&1
-      python3 scripts/gpu_mtp_exactness.py --dcp 1 --ks 2,adaptive --ckpt /tmp/tiny_mtp/agree \
-        > "$RES/mtp-exact.log" 2>&1; tail -8 "$RES/mtp-exact.log" ;;
-    mtp-adaptive)
-      [ -d /tmp/tiny_mtp ] || python3 scripts/make_tiny_mtp_ckpt.py --out /tmp/tiny_mtp
-      python3 scripts/gpu_mtp_adaptive.py --ckpt-root /tmp/tiny_mtp --ckpts agree,disagree \
-        --modes 2,4,adaptive > "$RES/mtp-adaptive.log" 2>&1; tail -8 "$RES/mtp-adaptive.log" ;;
+      # patched, V1, CUDA graphs, GlmMoeDsa (its draft is captured too), drafts always accepted
+      [ -d "$CKPT/agree" ] || python3 scripts/make_tiny_mtp_ckpt.py --arch glm_moe_dsa --out "$CKPT" > "$RES/mtp-ckpt.log" 2>&1
+      timeout 540 python3 scripts/gpu_mtp_exactness.py --arch glm_moe_dsa --ckpt "$CKPT/agree" --dcp 1 \
+        --ks 1,2,4,5,adaptive --lens 64,1500,3000 --max-tokens 48 > "$RES/mtp-exact.log" 2>&1
+      grep -E '^(no_spec|k[0-9]|adaptive|wrote)' "$RES/mtp-exact.log" | cut -c1-400 ;;
+    mtp-tps)
+      [ -d "$CKPT/agree" ] || python3 scripts/make_tiny_mtp_ckpt.py --arch glm_moe_dsa --out "$CKPT" > "$RES/mtp-ckpt.log" 2>&1
+      timeout 560 python3 scripts/gpu_mtp_adaptive.py --arch glm_moe_dsa --ckpt-root "$CKPT" \
+        --parts phases,throughput --ckpts agree,disagree --modes 2,4,5,adaptive > "$RES/mtp-tps.log" 2>&1
+      grep -E '^(code|prose|agree|disagree|wrote)' "$RES/mtp-tps.log" | cut -c1-300 ;;
+    mtp-survey)
+      # what vLLM 0.26.0 itself does with MTP on this model at DCP=1: V1/V2 runner, eager/graphs;
+      # the patched tree's V2 runs show the series leaves V2 working
+      [ -d "$CKPT/agree" ] || python3 scripts/make_tiny_mtp_ckpt.py --arch glm_moe_dsa --out "$CKPT" > "$RES/mtp-ckpt.log" 2>&1
+      E="python3 scripts/gpu_mtp_exactness.py --arch glm_moe_dsa --ckpt $CKPT/agree --dcp 1 --ks 3 --lens 64,1500 --max-tokens 32"
+      (export VARIANT=stock; source .gpu/device-env.sh; export VLLM_ENABLE_V1_MULTIPROCESSING=0
+       $E --runner v1 > "$RES/survey-stock-v1-graphs.log" 2>&1
+       B=$(ls -t "$RES"/mtp_exactness-stock-v1-graphs-dcp1-*.json | head -1)
+       $E --runner v1 --eager --baseline "$B" > "$RES/survey-stock-v1-eager.log" 2>&1
+       $E --runner v2 --baseline "$B" > "$RES/survey-stock-v2-graphs.log" 2>&1
+       $E --runner v2 --eager --baseline "$B" > "$RES/survey-stock-v2-eager.log" 2>&1
+       export VARIANT=patched; source .gpu/device-env.sh; export VLLM_ENABLE_V1_MULTIPROCESSING=0
+       $E --runner v2 --baseline "$B" > "$RES/survey-patched-v2-graphs.log" 2>&1)
+      grep -hE '^(no_spec|k3|wrote)' "$RES"/survey-*.log | cut -c1-300 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
-  find "$RES" -newer "$RES/.stamp-$stage" -type f -exec cp {} "$OUT/" \; 2>/dev/null || cp "$RES"/* "$OUT/"
+  # $OUT takes at most 8 files: one archive per stage of what it wrote
+  (cd "$RES" && find . -maxdepth 1 -type f -newer ".stamp-$stage" ! -name '.stamp-*' -printf '%P\n' \
+    | tar czf "$OUT/$stage.tar.gz" -T -)
 done
 ls -la "$RES"

@@ -86,6 +86,7 @@ def make_llm(args, model: str, mode: str):
         max_model_len=args.max_model_len,
         enforce_eager=args.eager,
         gpu_memory_utilization=args.gpu_mem,
+        max_num_seqs=args.max_num_seqs,
         disable_log_stats=False,
         speculative_config=spec,
     )
@@ -234,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--gpu-mem", type=float, default=0.5)
     ap.add_argument("--eager", action="store_true")
+    ap.add_argument(
+        "--max-num-seqs", type=int, default=8, help="also bounds the CUDA graph sizes captured"
+    )
     args = ap.parse_args(argv)
     args.tp = args.tp or max(1, args.dcp)
 

@@ -15,6 +15,11 @@ is exercised too). Note: with ``model_type: deepseek_v32`` vLLM 0.26.0 runs the 
 eagerly (``speculative.py``: "cudagraph with v32 MTP is not supported"); ``--arch
 glm_moe_dsa`` rewrites the config to GlmMoeDsa so that the draft is captured too.
 
+``--runner v2`` runs vLLM's V2 model runner (``VLLM_USE_V2_MODEL_RUNNER=1``; the default
+for this architecture is V1). ``--baseline FILE`` takes the no-speculation run from an
+earlier result of the same prompts instead of running it again (a survey over runners and
+graph modes then needs one baseline).
+
 Writes results/mtp_exactness-dcp<N>-<stamp>.json (or under $OUT), rewritten after every
 configuration, so a run cut short still leaves its figures.
 
@@ -88,6 +93,7 @@ def run_config(args, model: str, k: int | str, prompts) -> dict[str, Any]:
         max_model_len=args.max_model_len,
         enforce_eager=args.eager,
         gpu_memory_utilization=args.gpu_mem,
+        max_num_seqs=args.max_num_seqs,
         disable_log_stats=False,
         speculative_config=spec,
     )
@@ -154,6 +160,20 @@ def compare(base: dict[str, Any], run: dict[str, Any], topk: int, tol: float):
     }
 
 
+def load_baseline(path: Path, payload: dict[str, Any]) -> dict[str, Any]:
+    """The no_spec run of an earlier result, refused unless it ran the same prompts."""
+    earlier = json.loads(path.read_text())
+    for key in ("prompt_lens", "max_tokens", "weights", "arch", "dcp", "tp"):
+        if earlier.get(key) != payload[key]:
+            raise SystemExit(
+                f"{path}: {key} is {earlier.get(key)!r}, this run uses {payload[key]!r}"
+            )
+    base = earlier.get("runs", {}).get("no_spec")
+    if not base or "error" in base:
+        raise SystemExit(f"{path}: no successful no_spec run")
+    return base
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dcp", type=int, default=1)
@@ -170,8 +190,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-mem", type=float, default=0.5)
     ap.add_argument("--kv-cache-dtype", default=None)
     ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--runner", default="v1", choices=["v1", "v2"])
+    ap.add_argument(
+        "--max-num-seqs", type=int, default=8, help="also bounds the CUDA graph sizes captured"
+    )
+    ap.add_argument("--baseline", type=Path, default=None, help="result file with a no_spec run")
     args = ap.parse_args(argv)
     args.tp = args.tp or max(1, args.dcp)
+    # read by vLLM when the engine is configured, so it must be set before the first LLM
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if args.runner == "v2" else "0"
 
     model = model_dir(args)
     rng = random.Random(0)
@@ -187,15 +214,26 @@ def main(argv: list[str] | None = None) -> int:
         "arch": args.arch,
         "weights": args.ckpt or "dummy",
         "cuda_graphs": not args.eager,
+        "runner": args.runner,
+        "variant": os.environ.get("VARIANT", "stock"),
+        "max_num_seqs": args.max_num_seqs,
         "prompt_lens": [len(p["prompt_token_ids"]) for p in prompts],
         "max_tokens": args.max_tokens,
         "tol": args.tol,
         "runs": {},
     }
-    name = f"mtp_exactness-dcp{args.dcp}"
+    graphs = "eager" if args.eager else "graphs"
+    name = f"mtp_exactness-{payload['variant']}-{args.runner}-{graphs}-dcp{args.dcp}"
     path = None
     base = None
-    for k in ["0", *args.ks.split(",")]:
+    ks = args.ks.split(",")
+    if args.baseline is not None:
+        base = load_baseline(args.baseline, payload)
+        payload["runs"]["no_spec"] = base
+        payload["baseline_from"] = args.baseline.name
+    else:
+        ks = ["0", *ks]
+    for k in ks:
         key = "no_spec" if k == "0" else f"k{k}" if k != "adaptive" else "adaptive"
         k_val: int | str = k if k == "adaptive" else int(k)
         try:
