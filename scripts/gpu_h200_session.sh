@@ -41,12 +41,12 @@ for stage in "$@"; do
     mtp-exact)
       # patched, V1, CUDA graphs, GlmMoeDsa (its draft is captured too), drafts always accepted
       [ -d "$CKPT/agree" ] || python3 scripts/make_tiny_mtp_ckpt.py --arch glm_moe_dsa --out "$CKPT" > "$RES/mtp-ckpt.log" 2>&1
-      timeout 540 python3 scripts/gpu_mtp_exactness.py --arch glm_moe_dsa --ckpt "$CKPT/agree" --dcp 1 \
+      timeout "${STAGE_TIMEOUT:-540}" python3 scripts/gpu_mtp_exactness.py --arch glm_moe_dsa --ckpt "$CKPT/agree" --dcp 1 \
         --ks 1,2,4,5,adaptive --lens 64,1500,3000 --max-tokens 48 > "$RES/mtp-exact.log" 2>&1
       grep -E '^(no_spec|k[0-9]|adaptive|wrote)' "$RES/mtp-exact.log" | cut -c1-400 ;;
     mtp-tps)
       [ -d "$CKPT/agree" ] || python3 scripts/make_tiny_mtp_ckpt.py --arch glm_moe_dsa --out "$CKPT" > "$RES/mtp-ckpt.log" 2>&1
-      timeout 560 python3 scripts/gpu_mtp_adaptive.py --arch glm_moe_dsa --ckpt-root "$CKPT" \
+      timeout "${STAGE_TIMEOUT:-560}" python3 scripts/gpu_mtp_adaptive.py --arch glm_moe_dsa --ckpt-root "$CKPT" \
         --parts phases,throughput --ckpts agree,disagree --modes 2,4,5,adaptive > "$RES/mtp-tps.log" 2>&1
       grep -E '^(code|prose|agree|disagree|wrote)' "$RES/mtp-tps.log" | cut -c1-300 ;;
     mtp-survey)
