@@ -69,7 +69,7 @@ def load_config(path: Path, arch: str) -> dict:
             model_type="glm_moe_dsa",
             mlp_layer_types=["dense"] * k + ["sparse"] * (n - k),
             indexer_types=["full"] * n,
-            layer_types=["indexed_attention"] * n,
+            layer_types=["deepseek_sparse_attention"] * n,
         )
     elif arch != "deepseek_v32":
         raise SystemExit(f"--arch must be deepseek_v32 or glm_moe_dsa, got {arch!r}")
