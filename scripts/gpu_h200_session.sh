@@ -49,19 +49,31 @@ for stage in "$@"; do
       timeout "${STAGE_TIMEOUT:-560}" python3 scripts/gpu_mtp_adaptive.py --arch glm_moe_dsa --ckpt-root "$CKPT" \
         --parts phases,throughput --ckpts agree,disagree --modes 2,4,5,adaptive > "$RES/mtp-tps.log" 2>&1
       grep -E '^(code|prose|agree|disagree|wrote)' "$RES/mtp-tps.log" | cut -c1-300 ;;
+    mtp-piecewise)
+      # fixed depths with the PIECEWISE graphs the adaptive depth runs under (same machine)
+      timeout "${STAGE_TIMEOUT:-200}" python3 scripts/gpu_mtp_adaptive.py --arch glm_moe_dsa --ckpt-root "$CKPT" \
+        --parts throughput --ckpts disagree,agree --modes 2,5 --cudagraph-mode PIECEWISE > "$RES/mtp-piecewise.log" 2>&1
+      grep -E '^(agree|disagree|wrote)' "$RES/mtp-piecewise.log" | cut -c1-300 ;;
     mtp-survey)
       # what vLLM 0.26.0 itself does with MTP on this model at DCP=1: V1/V2 runner, eager/graphs;
-      # the patched tree's V2 runs show the series leaves V2 working
+      # the patched tree's V2 run shows the series leaves V2 working. Each run gets what is left
+      # of the stage's time, so the archive below is always written.
       [ -d "$CKPT/agree" ] || python3 scripts/make_tiny_mtp_ckpt.py --arch glm_moe_dsa --out "$CKPT" > "$RES/mtp-ckpt.log" 2>&1
-      E="python3 scripts/gpu_mtp_exactness.py --arch glm_moe_dsa --ckpt $CKPT/agree --dcp 1 --ks 3 --lens 64,1500 --max-tokens 32"
-      (export VARIANT=stock; source .gpu/device-env.sh; export VLLM_ENABLE_V1_MULTIPROCESSING=0
-       $E --runner v1 > "$RES/survey-stock-v1-graphs.log" 2>&1
-       B=$(ls -t "$RES"/mtp_exactness-stock-v1-graphs-dcp1-*.json | head -1)
-       $E --runner v1 --eager --baseline "$B" > "$RES/survey-stock-v1-eager.log" 2>&1
-       $E --runner v2 --baseline "$B" > "$RES/survey-stock-v2-graphs.log" 2>&1
-       $E --runner v2 --eager --baseline "$B" > "$RES/survey-stock-v2-eager.log" 2>&1
-       export VARIANT=patched; source .gpu/device-env.sh; export VLLM_ENABLE_V1_MULTIPROCESSING=0
-       $E --runner v2 --baseline "$B" > "$RES/survey-patched-v2-graphs.log" 2>&1)
+      end=$(( $(date +%s) + ${STAGE_TIMEOUT:-540} ))
+      survey() {  # VARIANT NAME ARGS...
+        local left=$(( end - $(date +%s) )); [ "$left" -gt 20 ] || { echo "skip $2: no time left"; return; }
+        (export VARIANT=$1; source .gpu/device-env.sh; export VLLM_ENABLE_V1_MULTIPROCESSING=0
+         timeout "$left" python3 scripts/gpu_mtp_exactness.py --arch glm_moe_dsa --ckpt "$CKPT/agree" \
+           --dcp 1 --ks 3 --lens 64,1500 --max-tokens 32 "${@:3}" > "$RES/survey-$2.log" 2>&1)
+      }
+      survey stock stock-v1-graphs --runner v1
+      B=$(ls -t "$RES"/mtp_exactness-stock-v1-graphs-dcp1-*.json 2>/dev/null | head -1)
+      if [ -n "$B" ]; then
+        survey stock stock-v2-graphs --runner v2 --baseline "$B"
+        survey stock stock-v1-eager --runner v1 --eager --baseline "$B"
+        survey stock stock-v2-eager --runner v2 --eager --baseline "$B"
+        survey patched patched-v2-graphs --runner v2 --baseline "$B"
+      fi
       grep -hE '^(no_spec|k3|wrote)' "$RES"/survey-*.log | cut -c1-300 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac

@@ -76,7 +76,11 @@ def make_llm(args, model: str, mode: str):
         }
     else:
         spec["num_speculative_tokens"] = int(mode)
+    extra: dict[str, Any] = {}
+    if args.cudagraph_mode:
+        extra["compilation_config"] = {"cudagraph_mode": args.cudagraph_mode}
     return LLM(
+        **extra,
         model=model,
         load_format="auto",
         skip_tokenizer_init=True,
@@ -238,6 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--max-num-seqs", type=int, default=8, help="also bounds the CUDA graph sizes captured"
     )
+    ap.add_argument(
+        "--cudagraph-mode",
+        default=None,
+        choices=["PIECEWISE", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"],
+        help="force vLLM's cudagraph_mode (default: vLLM's choice)",
+    )
     args = ap.parse_args(argv)
     args.tp = args.tp or max(1, args.dcp)
 
@@ -250,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         "dcp": args.dcp,
         "tp": args.tp,
         "cuda_graphs": not args.eager,
+        "cudagraph_mode": args.cudagraph_mode or "vllm default",
         "batch": args.batch,
     }
     state: dict[str, Path | None] = {"path": None}
