@@ -51,8 +51,10 @@ for stage in "$@"; do
       grep -E '^(code|prose|agree|disagree|wrote)' "$RES/mtp-tps.log" | cut -c1-300 ;;
     mtp-piecewise)
       # fixed depths with the PIECEWISE graphs the adaptive depth runs under (same machine)
-      timeout "${STAGE_TIMEOUT:-200}" python3 scripts/gpu_mtp_adaptive.py --arch glm_moe_dsa --ckpt-root "$CKPT" \
-        --parts throughput --ckpts disagree,agree --modes 2,5 --cudagraph-mode PIECEWISE > "$RES/mtp-piecewise.log" 2>&1
+      # (results/mtp_adaptive-20261201T082818Z.json: about 95 s per engine on a warm machine)
+      timeout "${STAGE_TIMEOUT:-240}" python3 scripts/gpu_mtp_adaptive.py --arch glm_moe_dsa --ckpt-root "$CKPT" \
+        --parts throughput --ckpts disagree,agree --modes 2 --decode-tokens 512 --cudagraph-mode PIECEWISE \
+        > "$RES/mtp-piecewise.log" 2>&1
       grep -E '^(agree|disagree|wrote)' "$RES/mtp-piecewise.log" | cut -c1-300 ;;
     mtp-survey)
       # what vLLM 0.26.0 itself does with MTP on this model at DCP=1: V1/V2 runner, eager/graphs;
@@ -67,7 +69,8 @@ for stage in "$@"; do
            --dcp 1 --ks 3 --lens 64,1500 --max-tokens 32 "${@:3}" > "$RES/survey-$2.log" 2>&1)
       }
       survey stock stock-v1-graphs --runner v1
-      B=$(ls -t "$RES"/mtp_exactness-stock-v1-graphs-dcp1-*.json 2>/dev/null | head -1)
+      # the result files go to $OUT (write_result), not $RES
+      B=$(ls -t "$OUT"/mtp_exactness-stock-v1-graphs-dcp1-*.json 2>/dev/null | head -1)
       if [ -n "$B" ]; then
         survey stock stock-v2-graphs --runner v2 --baseline "$B"
         survey stock stock-v1-eager --runner v1 --eager --baseline "$B"

@@ -173,14 +173,31 @@ def topk_section() -> list[str]:
     return out
 
 
+def tree_variant(machine: dict[str, Any]) -> str:
+    """Which vLLM tree ran: the recorded variant, or, for runs made before the session script
+    exported VARIANT, the tree the ``vllm`` package was imported from."""
+    if "gpu-vllm-patched" in machine.get("vllm_path", ""):
+        return "patched"
+    return machine.get("variant", "stock")
+
+
 def mtp_section() -> list[str]:
     out: list[str] = []
     for name, d in load("mtp_exactness-*.json"):
-        out += [f"### MTP exactness, `{name}` (DCP={d['dcp']}, CUDA graphs={d['cuda_graphs']})", ""]
+        out += [
+            f"### MTP exactness, `{name}`",
+            "",
+            f"vLLM {tree_variant(d['machine'])} tree, runner {d.get('runner', 'v1')}, "
+            f"DCP={d['dcp']}, CUDA graphs={d['cuda_graphs']}, arch {d['arch']}, "
+            f"weights `{Path(d['weights']).name}`, prompts of {d['prompt_lens']} tokens, "
+            f"{d['max_tokens']} greedy tokens each; revision {revision(d)}.",
+            "",
+        ]
         rows = [
             [
                 k,
                 r["vs_no_spec"]["tokens_equal"],
+                r["vs_no_spec"]["topk_ids_equal"],
                 fmt(r["vs_no_spec"]["max_logprob_abs_diff"], 2),
                 r["metrics"].get("vllm:spec_decode_num_accepted_tokens", "-"),
                 r["metrics"].get("vllm:spec_decode_num_draft_tokens", "-"),
@@ -189,10 +206,16 @@ def mtp_section() -> list[str]:
             for k, r in d["runs"].items()
             if "vs_no_spec" in r
         ]
+        rows += [
+            [k, "error", "-", "-", "-", "-", r["error"][:80]]
+            for k, r in d["runs"].items()
+            if "error" in r
+        ]
         out += table(
             [
                 "k",
                 "tokens == no-spec",
+                "top-k ids ==",
                 "max abs Δlogprob",
                 "accepted",
                 "drafted",
@@ -200,27 +223,84 @@ def mtp_section() -> list[str]:
             ],
             rows,
         )
+    throughput: list[tuple[str, str, str, dict[str, Any]]] = []
     for name, d in load("mtp_adaptive-*.json"):
-        ph = d["phases"]
+        ph = d.get("phases")
+        if ph:
+            out += [
+                f"### Adaptive depth on the mixed checkpoint, `{name}`",
+                "",
+                f"climbed to 5 in code: {ph['climbed_to_5_in_code']}; fell to 2 in prose: "
+                f"{ph['fell_to_2_in_prose']} "
+                f"(verdict from {ph.get('verdict_from', 'depth trace')}).",
+                "",
+            ]
+            rows = [
+                [
+                    p["region"],
+                    p["generated_tokens"],
+                    p["tok_per_s"],
+                    p["target_counts_up"],
+                    p["metrics"].get("vllm:spec_decode_num_accepted_tokens"),
+                    p["metrics"].get("vllm:spec_decode_num_draft_tokens"),
+                    json.dumps(p["metrics"].get("vllm:spec_decode_adaptive_depth_steps", {})),
+                ]
+                for p in ph["phases"]
+            ]
+            out += table(
+                [
+                    "phase",
+                    "tokens",
+                    "tok/s",
+                    "tokens == target's",
+                    "accepted",
+                    "drafted",
+                    "steps per depth",
+                ],
+                rows,
+            )
+        forced = d.get("cudagraph_mode", "vllm default")
+        for key, e in d.get("throughput", {}).items():
+            if "error" not in e:
+                # vLLM's default for MTP is FULL_AND_PIECEWISE; the adaptive depth (like
+                # dynamic SD) is forced to PIECEWISE on the V1 runner
+                mode = (
+                    forced
+                    if forced != "vllm default"
+                    else ("PIECEWISE" if key.endswith("adaptive") else "FULL_AND_PIECEWISE")
+                )
+                throughput.append((name, key, mode, e))
+    if throughput:
         out += [
-            f"### Adaptive depth on the mixed checkpoint, `{name}`",
+            "### Decode tokens/s, fixed depth vs adaptive",
             "",
-            f"climbed to 5 in code: {ph['climbed_to_5_in_code']}; fell to 2 in prose: "
-            f"{ph['fell_to_2_in_prose']} (verdict from {ph.get('verdict_from', 'depth trace')}).",
+            "Batch 1, 2 x 512 greedy tokens per engine after a warm-up, one engine per row, one",
+            "H200; rows of one file ran in one process one after the other. Ratio = adaptive",
+            "tok/s of the same checkpoint / the row's tok/s (> 1: adaptive is faster).",
             "",
         ]
+        adaptive = {
+            k.split("/")[0]: e["decode_tok_per_s"]
+            for _, k, _, e in throughput
+            if k.endswith("/adaptive")
+        }
         rows = [
             [
-                p["region"],
-                p["generated_tokens"],
-                p["tok_per_s"],
-                p["metrics"].get("vllm:spec_decode_num_accepted_tokens"),
-                p["metrics"].get("vllm:spec_decode_num_draft_tokens"),
-                json.dumps(p["metrics"].get("vllm:spec_decode_adaptive_depth_steps", {})),
+                key.split("/")[0],
+                key.split("/")[1],
+                mode,
+                e["decode_tok_per_s"],
+                fmt(adaptive[key.split("/")[0]] / e["decode_tok_per_s"], 3)
+                if key.split("/")[0] in adaptive and not key.endswith("adaptive")
+                else "-",
+                " ".join(f"{dd}x{n}" for dd, n in e.get("depth_runs", [])),
+                f"`{name}`",
             ]
-            for p in ph["phases"]
+            for name, key, mode, e in throughput
         ]
-        out += table(["phase", "tokens", "tok/s", "accepted", "drafted", "steps per depth"], rows)
+        out += table(
+            ["checkpoint", "depth", "graphs", "tok/s", "ratio", "depth runs", "file"], rows
+        )
     return out
 
 
