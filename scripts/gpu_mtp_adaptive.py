@@ -35,8 +35,10 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mtp_gpu_common import (  # noqa: E402
+    engine_kwargs,
     free_llm,
     metrics_delta,
+    mtp_spec,
     record_depths,
     spec_metrics,
     write_result,
@@ -67,33 +69,10 @@ def region_prompts(root: Path, kind: str, region: str, n: int, length: int, offs
 def make_llm(args, model: str, mode: str):
     from vllm import LLM
 
-    spec: dict[str, Any] = {"method": "mtp"}
-    if mode == "adaptive":
-        spec |= {
-            "num_speculative_tokens": 5,
-            "adaptive_speculative_tokens": True,
-            "adaptive_speculative_tokens_ladder": [2, 4, 5],
-        }
-    else:
-        spec["num_speculative_tokens"] = int(mode)
     extra: dict[str, Any] = {}
     if args.cudagraph_mode:
         extra["compilation_config"] = {"cudagraph_mode": args.cudagraph_mode}
-    return LLM(
-        **extra,
-        model=model,
-        load_format="auto",
-        skip_tokenizer_init=True,
-        seed=0,
-        tensor_parallel_size=args.tp,
-        decode_context_parallel_size=args.dcp,
-        max_model_len=args.max_model_len,
-        enforce_eager=args.eager,
-        gpu_memory_utilization=args.gpu_mem,
-        max_num_seqs=args.max_num_seqs,
-        disable_log_stats=False,
-        speculative_config=spec,
-    )
+    return LLM(**engine_kwargs(args, model, mtp_spec(mode), load_format="auto", **extra))
 
 
 def params(max_tokens: int):

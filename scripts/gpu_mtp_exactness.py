@@ -45,8 +45,10 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mtp_gpu_common import (  # noqa: E402
+    engine_kwargs,
     free_llm,
     metrics_delta,
+    mtp_spec,
     record_depths,
     spec_metrics,
     tiny_dsa_dir,
@@ -71,31 +73,11 @@ def model_dir(args: argparse.Namespace) -> str:
 def run_config(args, model: str, k: int | str, prompts) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
-    spec: dict[str, Any] | None = None
-    if k != 0:
-        spec = {"method": "mtp"}
-        if k == "adaptive":
-            spec |= {
-                "num_speculative_tokens": 5,
-                "adaptive_speculative_tokens": True,
-                "adaptive_speculative_tokens_ladder": [2, 4, 5],
-                "adaptive_speculative_tokens_window": [4, 2, 2],
-            }
-        else:
-            spec["num_speculative_tokens"] = int(k)
-    kw: dict[str, Any] = dict(
-        model=model,
+    kw = engine_kwargs(
+        args,
+        model,
+        mtp_spec(k, windows=[4, 2, 2]),  # short windows: the depth moves within the run
         load_format="auto" if args.ckpt else "dummy",
-        skip_tokenizer_init=True,
-        seed=0,
-        tensor_parallel_size=args.tp,
-        decode_context_parallel_size=args.dcp,
-        max_model_len=args.max_model_len,
-        enforce_eager=args.eager,
-        gpu_memory_utilization=args.gpu_mem,
-        max_num_seqs=args.max_num_seqs,
-        disable_log_stats=False,
-        speculative_config=spec,
     )
     if args.kv_cache_dtype:
         kw["kv_cache_dtype"] = args.kv_cache_dtype

@@ -79,6 +79,44 @@ def tiny_dsa_dir() -> Path:
     raise SystemExit("tiny_dsa/config.json not found: pass --model")
 
 
+def mtp_spec(mode: int | str, windows: list[int] | None = None) -> dict[str, Any] | None:
+    """The speculative_config of one run: ``0`` none, an int a fixed MTP depth, ``"adaptive"``
+    the 2/4/5 ladder (vLLM's default windows unless ``windows`` is given)."""
+    if mode in (0, "0"):
+        return None
+    spec: dict[str, Any] = {"method": "mtp"}
+    if mode == "adaptive":
+        spec |= {
+            "num_speculative_tokens": 5,
+            "adaptive_speculative_tokens": True,
+            "adaptive_speculative_tokens_ladder": [2, 4, 5],
+        }
+        if windows is not None:
+            spec["adaptive_speculative_tokens_window"] = windows
+    else:
+        spec["num_speculative_tokens"] = int(mode)
+    return spec
+
+
+def engine_kwargs(args: Any, model: str, spec: dict[str, Any] | None, **extra: Any) -> dict:
+    """The LLM(...) arguments both MTP scripts share (token-id prompts, fixed seed, metrics
+    on), from their common command-line options; ``extra`` adds or overrides."""
+    return {
+        "model": model,
+        "skip_tokenizer_init": True,
+        "seed": 0,
+        "tensor_parallel_size": args.tp,
+        "decode_context_parallel_size": args.dcp,
+        "max_model_len": args.max_model_len,
+        "enforce_eager": args.eager,
+        "gpu_memory_utilization": args.gpu_mem,
+        "max_num_seqs": args.max_num_seqs,
+        "disable_log_stats": False,
+        "speculative_config": spec,
+        **extra,
+    }
+
+
 def free_llm(llm: Any) -> None:
     """Shut an LLM down so the next one in this process gets the GPU memory."""
     import torch
