@@ -17,6 +17,9 @@ export DCP_VLLM_TREE="$HOME/gpu-vllm-patched"
 CKPT=/tmp/tiny_mtp_glm
 S=scripts/gpu_dsa_equivalence.py
 RES=/tmp/dcp-res; mkdir -p "$RES"
+ensure_ckpt() {  # the tiny GlmMoeDsa MTP checkpoints (gpu_mtp_adaptive.py writes its own)
+  [ -d "$CKPT/agree" ] || python3 scripts/make_tiny_mtp_ckpt.py --arch glm_moe_dsa --out "$CKPT" > "$RES/mtp-ckpt.log" 2>&1
+}
 for stage in "$@"; do
   echo "=== $stage $(date -u +%T)"; touch "$RES/.stamp-$stage"
   case "$stage" in
@@ -40,12 +43,11 @@ for stage in "$@"; do
         "$RES/dsa-tp1-triton-fp8.json" "$RES/dsa-tp1-flashmla-fp8.json" ;;
     mtp-exact)
       # patched, V1, CUDA graphs, GlmMoeDsa (its draft is captured too), drafts always accepted
-      [ -d "$CKPT/agree" ] || python3 scripts/make_tiny_mtp_ckpt.py --arch glm_moe_dsa --out "$CKPT" > "$RES/mtp-ckpt.log" 2>&1
+      ensure_ckpt
       timeout "${STAGE_TIMEOUT:-540}" python3 scripts/gpu_mtp_exactness.py --arch glm_moe_dsa --ckpt "$CKPT/agree" --dcp 1 \
         --ks 1,2,4,5,adaptive --lens 64,1500,3000 --max-tokens 48 > "$RES/mtp-exact.log" 2>&1
       grep -E '^(no_spec|k[0-9]|adaptive|wrote)' "$RES/mtp-exact.log" | cut -c1-400 ;;
     mtp-tps)
-      [ -d "$CKPT/agree" ] || python3 scripts/make_tiny_mtp_ckpt.py --arch glm_moe_dsa --out "$CKPT" > "$RES/mtp-ckpt.log" 2>&1
       timeout "${STAGE_TIMEOUT:-560}" python3 scripts/gpu_mtp_adaptive.py --arch glm_moe_dsa --ckpt-root "$CKPT" \
         --parts phases,throughput --ckpts agree,disagree --modes 2,4,5,adaptive > "$RES/mtp-tps.log" 2>&1
       grep -E '^(code|prose|agree|disagree|wrote)' "$RES/mtp-tps.log" | cut -c1-300 ;;
@@ -60,7 +62,7 @@ for stage in "$@"; do
       # what vLLM 0.26.0 itself does with MTP on this model at DCP=1: V1/V2 runner, eager/graphs;
       # the patched tree's V2 run shows the series leaves V2 working. Each run gets what is left
       # of the stage's time, so the archive below is always written.
-      [ -d "$CKPT/agree" ] || python3 scripts/make_tiny_mtp_ckpt.py --arch glm_moe_dsa --out "$CKPT" > "$RES/mtp-ckpt.log" 2>&1
+      ensure_ckpt
       end=$(( $(date +%s) + ${STAGE_TIMEOUT:-540} ))
       survey() {  # VARIANT NAME ARGS...
         local left=$(( end - $(date +%s) )); [ "$left" -gt 20 ] || { echo "skip $2: no time left"; return; }

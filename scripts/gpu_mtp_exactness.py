@@ -197,15 +197,15 @@ def main(argv: list[str] | None = None) -> int:
         "weights": args.ckpt or "dummy",
         "cuda_graphs": not args.eager,
         "runner": args.runner,
-        "variant": os.environ.get("VARIANT", "stock"),
         "max_num_seqs": args.max_num_seqs,
         "prompt_lens": [len(p["prompt_token_ids"]) for p in prompts],
         "max_tokens": args.max_tokens,
         "tol": args.tol,
         "runs": {},
     }
+    variant = os.environ.get("VARIANT", "stock")  # also in the record's "machine"
     graphs = "eager" if args.eager else "graphs"
-    name = f"mtp_exactness-{payload['variant']}-{args.runner}-{graphs}-dcp{args.dcp}"
+    name = f"mtp_exactness-{variant}-{args.runner}-{graphs}-dcp{args.dcp}"
     path = None
     base = None
     ks = args.ks.split(",")

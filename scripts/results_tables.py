@@ -223,7 +223,7 @@ def mtp_section() -> list[str]:
             ],
             rows,
         )
-    throughput: list[tuple[str, str, str, dict[str, Any]]] = []
+    throughput: list[tuple[str, str, str, str, dict[str, Any]]] = []
     for name, d in load("mtp_adaptive-*.json"):
         ph = d.get("phases")
         if ph:
@@ -269,7 +269,8 @@ def mtp_section() -> list[str]:
                     if forced != "vllm default"
                     else ("PIECEWISE" if key.endswith("adaptive") else "FULL_AND_PIECEWISE")
                 )
-                throughput.append((name, key, mode, e))
+                ckpt, depth = key.split("/")
+                throughput.append((name, ckpt, depth, mode, e))
     if throughput:
         out += [
             "### Decode tokens/s, fixed depth vs adaptive",
@@ -280,23 +281,23 @@ def mtp_section() -> list[str]:
             "",
         ]
         adaptive = {
-            k.split("/")[0]: e["decode_tok_per_s"]
-            for _, k, _, e in throughput
-            if k.endswith("/adaptive")
+            ckpt: e["decode_tok_per_s"]
+            for _, ckpt, depth, _, e in throughput
+            if depth == "adaptive"
         }
         rows = [
             [
-                key.split("/")[0],
-                key.split("/")[1],
+                ckpt,
+                depth,
                 mode,
                 e["decode_tok_per_s"],
-                fmt(adaptive[key.split("/")[0]] / e["decode_tok_per_s"], 3)
-                if key.split("/")[0] in adaptive and not key.endswith("adaptive")
+                fmt(adaptive[ckpt] / e["decode_tok_per_s"], 3)
+                if ckpt in adaptive and depth != "adaptive"
                 else "-",
                 " ".join(f"{dd}x{n}" for dd, n in e.get("depth_runs", [])),
                 f"`{name}`",
             ]
-            for name, key, mode, e in throughput
+            for name, ckpt, depth, mode, e in throughput
         ]
         out += table(
             ["checkpoint", "depth", "graphs", "tok/s", "ratio", "depth runs", "file"], rows
