@@ -1,7 +1,7 @@
 """End to end: the overlay wheel, pip-installed into a fresh venv, is what ``import vllm`` loads.
 
 The venv is made once per ``make test`` run by ``tests/vllm_tree_tests.py venv`` (a fresh
-``python -m venv`` + ``pip install dist/<overlay wheel>``, torch 2.11 from the index). It is
+``python -m venv`` + ``pip install dist/<overlay wheel>`` + the pinned b12x wheel, torch 2.14 from the index). It is
 ``$PATCHSET_TEST_VENV`` or ``build/testenv``. Without it these tests skip with that reason,
 except under ``PATCHSET_E2E=require`` (set by ``make test``), where a missing venv fails.
 """
@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from patchset.hashing import sha256_file
+from patchset.pins import load_pins
 
 REPO = Path(__file__).resolve().parent.parent
 MARKER = "dcp-wheel.json"
@@ -38,6 +39,8 @@ print(json.dumps({
     "purelib": sysconfig.get_paths()["purelib"],
     "platlib": sysconfig.get_paths()["platlib"],
     "version": importlib.metadata.version("vllm"),
+    "b12x_version": importlib.metadata.version("b12x"),
+    "b12x_found": importlib.util.find_spec("b12x") is not None,
     "origins": origins,
     "sys_path": sys.path,
 }))
@@ -105,9 +108,17 @@ def test_import_vllm_loads_the_installed_wheel(testenv: Path, probe: dict[str, A
 def test_installed_version_carries_the_series_label(
     probe: dict[str, Any], receipt: dict[str, Any]
 ) -> None:
-    """The installed distribution's version is the overlay wheel's 0.26.0+dcp.<digest>."""
+    """The installed distribution's version is the overlay wheel's <pinned>+dcp.<digest>."""
+    pinned = load_pins(REPO / "pins.toml").get("vllm", "wheel").requirement.split("==")[1]
     assert probe["version"] == receipt["wheel"]["version"]
-    assert probe["version"] == f"0.26.0+dcp.{receipt['series']['digest'][:12]}"
+    assert probe["version"] == f"{pinned}+dcp.{receipt['series']['digest'][:12]}"
+
+
+def test_pinned_b12x_is_installed_next_to_the_overlay_wheel(probe: dict[str, Any]) -> None:
+    """pip resolved the overlay wheel together with the pinned b12x (vLLM's `b12x` extra)."""
+    pinned = load_pins(REPO / "pins.toml").get("b12x", "wheel").requirement.split("==")[1]
+    assert probe["b12x_version"] == pinned
+    assert probe["b12x_found"]
 
 
 def test_installed_files_are_the_overlaid_ones(

@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO / "tools"))
 
 from patchset.errors import PatchsetError  # noqa: E402
 from patchset.export import HF_HOST, hub_offline_env  # noqa: E402
+from patchset.fetch import pinned_file  # noqa: E402
 from patchset.hashing import sha256_file  # noqa: E402
 from patchset.series import for_target, load_series  # noqa: E402
 
@@ -116,9 +117,16 @@ def make_venv(receipt_path: Path, venv: Path, *, reuse: bool) -> int:
         print(f"testenv: removing {venv}")
         shutil.rmtree(venv)
     start = time.monotonic()
-    print(f"testenv: creating {venv} and installing {wheel.name} with its dependencies")
+    # The pinned b12x wheel (vLLM's own `b12x` extra), hash-checked from the fetch cache, so
+    # the environment is the pair the series targets: the overlay wheel next to b12x.
+    try:
+        b12x = pinned_file("b12x", "wheel", root=REPO, offline=True)
+    except PatchsetError as exc:
+        print(f"error: the pinned b12x wheel is not in the fetch cache ({exc.message}): make fetch")
+        return 1
+    print(f"testenv: creating {venv} and installing {wheel.name} + {b12x.name} with dependencies")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    proc = subprocess.run([*pip, str(wheel), *TEST_TOOLS], env=env, check=False)
+    proc = subprocess.run([*pip, str(wheel), str(b12x), *TEST_TOOLS], env=env, check=False)
     if proc.returncode != 0:
         print(f"error: pip install failed (exit {proc.returncode})")
         return proc.returncode
