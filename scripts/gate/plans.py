@@ -1,0 +1,131 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The named suites of scripts/dcp_gate.py: which runs, which noise pairs, which gates.
+
+A suite is a dict: ``checkpoints`` (name -> make_dsa_gate_ckpt.py arguments), ``runs`` (gate
+configs; ``model`` names a checkpoint as ``@name``), ``noise`` (label -> [checkpoint,
+reference run, candidate run, reference pass, candidate pass]) and ``gates`` (name ->
+[reference run, candidate run]: DCP > 1 against DCP = 1 at the same TP). Runs of earlier
+suites in the same work folder are reused for noise pairs and gates (a warm machine keeps
+them), so a suite may name runs it does not run itself.
+
+Stock vLLM 0.33.0 serves FLASHMLA_SPARSE under DCP only on its mixed-batch fp8 path, i.e.
+with fewer than 32 local heads that pad to the same kernel envelope as the gathered heads:
+the 64-head GLM checkpoint therefore runs its DCP gates at TP=4 (16 local heads; DCP=2
+gathers 32, DCP=4 gathers 64) and the 32-head V3.2 checkpoint at TP=2 (DCP=2) and TP=4 (DCP=4).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+FLASHMLA = {"backend": "FLASHMLA_SPARSE", "kv_cache_dtype": "fp8_ds_mla"}
+CKPTS = {"glm": ["--arch", "glm"], "v32": ["--arch", "v32"]}
+
+
+def _run(
+    name: str, ckpt: str, tp: int, dcp: int, passes: list[str], graphs: bool = False, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "model": f"@{ckpt}",
+        "tp": tp,
+        "dcp": dcp,
+        "graphs": graphs,
+        "passes": passes,
+        **FLASHMLA,
+        **extra,
+    }
+
+
+def _noise(ckpt: str, tp1: str, tp2: str, repeats: list[str]) -> dict[str, list]:
+    out = {f"{ckpt}: TP=2 DCP=1 vs TP=1": [ckpt, tp1, tp2, "clean", "clean"]}
+    for r in repeats:
+        out[f"{ckpt}: {r} repeated"] = [ckpt, r, r, "clean", "repeat"]
+    return out
+
+
+STOCK_EAGER: dict[str, Any] = {
+    "checkpoints": CKPTS,
+    "runs": [
+        _run("glm-tp1-dcp1", "glm", 1, 1, ["clean", "repeat", "sensitivity"]),
+        _run("glm-tp2-dcp1", "glm", 2, 1, ["clean"]),
+        _run("glm-tp4-dcp1", "glm", 4, 1, ["clean", "repeat", "sensitivity"]),
+        _run("glm-tp4-dcp2", "glm", 4, 2, ["clean", "fault"]),
+        _run("glm-tp4-dcp4", "glm", 4, 4, ["clean", "fault"]),
+    ],
+    "noise": _noise("glm", "glm-tp1-dcp1", "glm-tp2-dcp1", ["glm-tp1-dcp1", "glm-tp4-dcp1"]),
+    "gates": {
+        "glm-tp4-dcp2-eager": ["glm-tp4-dcp1", "glm-tp4-dcp2"],
+        "glm-tp4-dcp4-eager": ["glm-tp4-dcp1", "glm-tp4-dcp4"],
+    },
+}
+
+STOCK_GRAPHS: dict[str, Any] = {
+    "checkpoints": CKPTS,
+    "runs": [
+        _run("glm-tp4-dcp1-graphs", "glm", 4, 1, ["clean", "repeat"], graphs=True),
+        _run("glm-tp4-dcp2-graphs", "glm", 4, 2, ["clean", "fault"], graphs=True),
+        _run("glm-tp4-dcp4-graphs", "glm", 4, 4, ["clean", "fault"], graphs=True),
+        _run("v32-tp1-dcp1", "v32", 1, 1, ["clean", "repeat", "sensitivity"]),
+        _run("v32-tp2-dcp1", "v32", 2, 1, ["clean", "repeat", "sensitivity"]),
+        _run("v32-tp2-dcp2", "v32", 2, 2, ["clean", "fault"]),
+    ],
+    "noise": _noise("glm", "glm-tp1-dcp1", "glm-tp2-dcp1", ["glm-tp1-dcp1", "glm-tp4-dcp1"])
+    | {
+        "glm: glm-tp4-dcp1-graphs repeated": [
+            "glm",
+            "glm-tp4-dcp1-graphs",
+            "glm-tp4-dcp1-graphs",
+            "clean",
+            "repeat",
+        ]
+    }
+    | _noise("v32", "v32-tp1-dcp1", "v32-tp2-dcp1", ["v32-tp1-dcp1", "v32-tp2-dcp1"]),
+    "gates": {
+        "glm-tp4-dcp2-graphs": ["glm-tp4-dcp1-graphs", "glm-tp4-dcp2-graphs"],
+        "glm-tp4-dcp4-graphs": ["glm-tp4-dcp1-graphs", "glm-tp4-dcp4-graphs"],
+        "v32-tp2-dcp2-eager": ["v32-tp2-dcp1", "v32-tp2-dcp2"],
+    },
+}
+
+# CPU-free smoke of the harness itself on a GPU: one short prompt, TP=2 DCP=2 vs TP=2 DCP=1.
+SMOKE: dict[str, Any] = {
+    "checkpoints": {"v32": ["--arch", "v32", "--layers", "2"]},
+    "runs": [
+        _run(
+            "smoke-tp2-dcp1",
+            "v32",
+            2,
+            1,
+            ["clean", "repeat", "sensitivity"],
+            lens=[1024],
+            batch_lens=[300, 900],
+        ),
+        _run("smoke-tp2-dcp2", "v32", 2, 2, ["clean", "fault"], lens=[1024], batch_lens=[300, 900]),
+    ],
+    "noise": {
+        "v32: smoke repeated": ["v32", "smoke-tp2-dcp1", "smoke-tp2-dcp1", "clean", "repeat"]
+    },
+    "gates": {"smoke-tp2-dcp2": ["smoke-tp2-dcp1", "smoke-tp2-dcp2"]},
+}
+
+SUITES = {"stock-eager": STOCK_EAGER, "stock-graphs": STOCK_GRAPHS, "smoke": SMOKE}
+
+
+def patched_suite(backend: str, kv_cache_dtype: str | None = "fp8_ds_mla") -> dict[str, Any]:
+    """The series' backend on the patched tree, DCP=2 against DCP=1 (GLM at TP=2: 32 local
+    heads, the case stock FlashMLA-sparse refuses), plus the reference for the noise floor."""
+    b = {"backend": backend, "kv_cache_dtype": kv_cache_dtype}
+    runs = [
+        {**_run("p-glm-tp1-dcp1", "glm", 1, 1, ["clean", "repeat", "sensitivity"]), **b},
+        {**_run("p-glm-tp2-dcp1", "glm", 2, 1, ["clean", "repeat"]), **b},
+        {**_run("p-glm-tp2-dcp2", "glm", 2, 2, ["clean", "fault"]), **b},
+    ]
+    return {
+        "checkpoints": {"glm": ["--arch", "glm"]},
+        "runs": runs,
+        "noise": _noise(
+            "glm", "p-glm-tp1-dcp1", "p-glm-tp2-dcp1", ["p-glm-tp1-dcp1", "p-glm-tp2-dcp1"]
+        ),
+        "gates": {f"p-glm-tp2-dcp2-{backend.lower()}": ["p-glm-tp2-dcp1", "p-glm-tp2-dcp2"]},
+    }
