@@ -80,6 +80,13 @@ def test_disjoint_top_ids_and_other_prompts_fail():
     assert not verdict.compare_prompt(REF, record(REF["steps"], sha="s2"), 1.0)["equivalent"]
 
 
+def test_nan_log_probs_are_never_within_the_tolerance():
+    nan = copy.deepcopy(REF)
+    nan["steps"][1]["top"][0][1] = float("nan")
+    got = verdict.compare_prompt(REF, nan, atol=10.0)
+    assert not got["equivalent"] and any("NaN" in r for r in got["reasons"])
+
+
 def test_missing_prompts_and_failed_runs_are_not_equivalent():
     ref = run_of(REF)
     empty = {"ok": True, "passes": {"clean": {}}}

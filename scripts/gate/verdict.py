@@ -66,7 +66,10 @@ def step_difference(a: dict[str, Any], b: dict[str, Any]) -> tuple[float | None,
     common = set(ta) & set(tb)
     if not common:
         return None, 0
-    return max(abs(ta[t] - tb[t]) for t in common), len(common)
+    diffs = [abs(ta[t] - tb[t]) for t in common]
+    if any(math.isnan(d) for d in diffs):  # max() would silently skip a NaN
+        return math.nan, len(common)
+    return max(diffs), len(common)
 
 
 def near_tie(step: dict[str, Any], tok_a: int, tok_b: int, atol: float) -> bool:
@@ -83,16 +86,20 @@ def compare_prompt(a: dict[str, Any], b: dict[str, Any], atol: float) -> dict[st
     upto = min(len(ta), len(tb)) if first is None else first + 1
     diffs: list[float] = []
     min_common = None
-    disjoint_steps = []
+    disjoint_steps, nan_steps = [], []
     for i in range(upto):
         d, n = step_difference(a["steps"][i], b["steps"][i])
         min_common = n if min_common is None else min(min_common, n)
         if d is None:
             disjoint_steps.append(i)
+        elif math.isnan(d):  # a NaN never compares greater than atol: refuse it outright
+            nan_steps.append(i)
         else:
             diffs.append(d)
     max_diff = max(diffs) if diffs else None
     first_step = step_difference(a["steps"][0], b["steps"][0])[0] if ta and tb else None
+    if first_step is not None and math.isnan(first_step):
+        first_step = None
     tie = None
     if first is not None:
         sa, sb = a["steps"][first], b["steps"][first]
@@ -100,6 +107,8 @@ def compare_prompt(a: dict[str, Any], b: dict[str, Any], atol: float) -> dict[st
     reasons = []
     if len(ta) != len(tb):
         reasons.append(f"token counts differ ({len(ta)} vs {len(tb)})")
+    if nan_steps:
+        reasons.append(f"NaN log-probs at steps {nan_steps}")
     if disjoint_steps:
         reasons.append(f"no common top-k id at steps {disjoint_steps}")
     if max_diff is not None and max_diff > atol:
