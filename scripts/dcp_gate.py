@@ -399,8 +399,9 @@ def cmd_suite(args: argparse.Namespace) -> int:
     for r in suite["runs"]:
         if only and r["name"] not in only:
             continue
-        if (work / "runs" / f"{r['name']}.json").is_file() and not args.rerun:
-            print(f"[gate] {r['name']}: reusing {work}/runs/{r['name']}.json", flush=True)
+        earlier = work / "runs" / f"{r['name']}.json"
+        if earlier.is_file() and not args.rerun and json.loads(earlier.read_text()).get("ok"):
+            print(f"[gate] {r['name']}: reusing {earlier}", flush=True)
             continue
         model = ckpts[r["model"][1:]] if r["model"].startswith("@") else r["model"]
         configs.append(plan.GateConfig.from_json({**r, "model": model}))
