@@ -97,7 +97,9 @@ class Launch:
         cfg_path.write_text(json.dumps(cfg.to_json(), indent=1))
         for old in self.rank_dir.glob(f"{cfg.name}.rank*.json"):
             old.unlink()
-        self.envs = plan.rank_envs(cfg.world_size, gpus, port, cfg.name)
+        self.envs = [
+            {**e, **cfg.env} for e in plan.rank_envs(cfg.world_size, gpus, port, cfg.name)
+        ]
         self.procs: list[subprocess.Popen] = []
         self.logs = []
         self.started = time.time()

@@ -47,6 +47,7 @@ class GateConfig:
     cudagraph_capture_sizes: tuple[int, ...] = (1, 2, 4, 8)
     fault_rank: int = -1  # DCP rank whose partial the fault drops (-1: the last one)
     seed: int = 0
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # extra rank environment
 
     def __post_init__(self) -> None:
         self.passes = tuple(self.passes)
