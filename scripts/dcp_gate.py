@@ -97,9 +97,7 @@ class Launch:
         cfg_path.write_text(json.dumps(cfg.to_json(), indent=1))
         for old in self.rank_dir.glob(f"{cfg.name}.rank*.json"):
             old.unlink()
-        self.envs = [
-            {**e, **cfg.env} for e in plan.rank_envs(cfg.world_size, gpus, port, cfg.name)
-        ]
+        self.envs = [{**e, **cfg.env} for e in plan.rank_envs(cfg.world_size, gpus, port, cfg.name)]
         self.procs: list[subprocess.Popen] = []
         self.logs = []
         self.started = time.time()
@@ -255,7 +253,10 @@ def load_runs(work: Path) -> dict[str, dict[str, Any]]:
 
 
 def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
-    """Noise floor, tolerance and sensitivity per checkpoint, then every gate of the suite."""
+    """Noise floor, tolerance and sensitivity per checkpoint, then every gate of the suite.
+
+    Pure Python over the run records: ``report`` re-derives every verdict from
+    ``<work>/runs`` on any machine (the figures stay those the runs recorded)."""
     runs = load_runs(work)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -294,6 +295,10 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
             "base": next((r.get("base") for r in runs.values() if r.get("base")), None),
             "machine": next((r.get("machine") for r in runs.values() if r.get("machine")), None),
             "noise_pairs": pairs,
+            "checkpoints": {
+                n: runs[n].get("checkpoint")
+                for n in sorted({v[k] for v in pairs.values() for k in ("ref", "cand")})
+            },
             "tolerance": tol,
             "sensitivity": sens,
         }
@@ -323,7 +328,8 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
             sens,
         )
         result["command"] = shlex.join([sys.executable, *sys.argv])
-        result["revision"] = revision()
+        # the runs' revision (what was tested) plus the one that derived the verdict
+        result["revision"] = dict(cand.get("revision") or {}, report=revision()["series"])
         result["machine"] = cand.get("machine")
         problems = verdict.validate(result)
         if problems:

@@ -45,7 +45,7 @@ def fmt(x: float | None, digits: int = 3) -> str:
 def revision(d: dict[str, Any]) -> str:
     rev = d.get("launched_at_revision") or d.get("git_revision") or d.get("revision")
     if isinstance(rev, dict):
-        rev = rev.get("head") or rev.get("overlay_manifest_sha256")
+        rev = rev.get("head") or rev.get("series") or rev.get("overlay_manifest_sha256")
     return str(rev)[:12] if rev else "unknown"
 
 
@@ -176,9 +176,14 @@ def dcp_gate_section() -> list[str]:
                 for run, s in sorted(d["sensitivity"].items())
             )
             t = d["tolerance"]
+            made = {
+                json.dumps(c.get("gains"), sort_keys=True)
+                for c in (d.get("checkpoints") or {}).values()
+                if c and c.get("gains")
+            }
             rows.append(
                 [
-                    d["checkpoint"],
+                    d["checkpoint"] + "".join(f" gains {m}" for m in sorted(made)),
                     pairs,
                     fmt(t["noise_floor"], 2),
                     fmt(t["atol_logprob"], 2),
@@ -208,6 +213,7 @@ def dcp_gate_section() -> list[str]:
                 fmt(d["tolerance"]["atol_logprob"], 2),
                 d["equivalent"],
                 f"{d['negative_control_detected']} ({fmt(neg.get('max_abs_logprob_diff'), 2)})",
+                fmt(d.get("sensitivity", {}).get("over_tolerance"), 2),
                 d.get("meaningful"),
                 revision(d),
             ]
@@ -220,6 +226,8 @@ def dcp_gate_section() -> list[str]:
             f"Ranks: {label}. Prompts: 1k/8k/32k singles and one batch of 4 requests of",
             "different lengths, 32 greedy tokens, top-20 log-probs per step. Negative control:",
             "one DCP rank's partial dropped from the LSE merge (its max |Δ log-prob| in brackets).",
+            "meaningful = sensitivity >= 5x the tolerance and the negative control detected; a",
+            "gate that is not meaningful proves nothing either way.",
             "",
         ]
         out += table(
@@ -233,6 +241,7 @@ def dcp_gate_section() -> list[str]:
                 "atol",
                 "equivalent",
                 "negative control detected",
+                "sensitivity ×tol",
                 "meaningful",
                 "revision",
             ],

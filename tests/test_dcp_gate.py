@@ -291,3 +291,22 @@ def test_results_tables_render_gate_files(tmp_path: Path, monkeypatch):
     text = "\n".join(results_tables.dcp_gate_section())
     assert "f-dcp2" in text and "one-GPU emulation" in text
     assert "| f |" in text  # the noise / tolerance table
+
+
+def test_committed_gate_results_are_well_formed_and_render():
+    files = sorted((ROOT / "results").glob("dcp-gate-*.json"))
+    gates = [json.loads(p.read_text()) for p in files if not p.name.startswith("dcp-gate-noise")]
+    assert gates, "no committed gate result"
+    for g in gates:
+        assert verdict.validate(g) == [], g["name"]
+        # a gate whose sensitivity does not clear the margin is never called meaningful
+        if not g["sensitivity"].get("sufficient"):
+            assert g["meaningful"] is False
+    for p in files:
+        if p.name.startswith("dcp-gate-noise"):
+            d = json.loads(p.read_text())
+            assert (
+                d["tolerance"]["atol_logprob"]
+                >= verdict.TOLERANCE_FACTOR * d["tolerance"]["noise_floor"] - 1e-12
+            )
+    assert results_tables.dcp_gate_section()
