@@ -412,6 +412,9 @@ def cmd_suite(args: argparse.Namespace) -> int:
             print(f"[gate] {r['name']}: reusing {earlier}", flush=True)
             continue
         model = ckpts[r["model"][1:]] if r["model"].startswith("@") else r["model"]
+        made = checkpoint_info(model).get("needle") or {}
+        if made and "needle" not in r:  # a needle checkpoint: its prompts carry the needle
+            r = {**r, "needle": int(made["needle_id"])}
         configs.append(plan.GateConfig.from_json({**r, "model": model}))
     run_many(configs, work, args.max_ranks, args.deadline_s, args.port)
     report(suite, work, Path(args.out))

@@ -219,8 +219,152 @@ def build(cfg: dict[str, Any], seed: int, gains: dict[str, float], shared_indexe
             t = cache[kind]
         else:
             t = torch.randn(shape, generator=gen) * std_of(kind, shape[1], gains)
-        keep_fp32 = name.endswith("e_score_correction_bias")
-        out[name] = (t if keep_fp32 else t.to(torch.bfloat16)).contiguous()
+        out[name] = t.float()
+    return out
+
+
+def to_checkpoint(tensors: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    return {
+        name: (t if name.endswith("e_score_correction_bias") else t.to(torch.bfloat16)).contiguous()
+        for name, t in tensors.items()
+    }
+
+
+NEEDLE_DEFAULTS = {
+    "alpha": 1.0,
+    "gamma": 1.0,
+    "index_margin": 3.0,
+    "attn_margin": 7.0,
+    "weight_bias": 3.0,
+    "kappa": 8.0,
+}
+
+
+def _rms(x: Any) -> Any:
+    return x * (x.pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt()
+
+
+def add_needle(
+    t: dict[str, Any], cfg: dict[str, Any], seed: int, needle_id: int, knobs: dict[str, float]
+) -> dict[str, Any]:
+    """Make one token id a needle every query retrieves (in place; fp32 tensors).
+
+    Every embedding gets a shared component ``alpha * c`` (so every query has a
+    content-independent direction ``u`` after ``q_a_proj`` and its norm); the needle's embedding
+    is ``alpha * c + gamma * n``. In every target layer, rank-one terms make
+    (1) the needle's indexer key point along a zero-mean direction ``d`` of the indexer head's
+        non-rope half (``wk += kappa d n^T``), every query head's indexer query gain
+        ``index_margin`` along ``d`` (``wq_b += d u^T``) and every head's indexer weight a
+        positive bias ``weight_bias`` (``weights_proj += 1 c^T``): the needle tops the
+        indexer's scores for every query, so it is always selected;
+    (2) the needle's MLA latent point along a direction ``e`` (``kv_a_proj += kappa e n^T``) and
+        every head's no-rope query gain a logit of ``attn_margin`` on the needle's key
+        (``q_b_proj += K_h u^T``): attention puts a large weight on the needle.
+    Layer 0 is exact up to rope and fp8; deeper layers see the same directions diluted by the
+    residual stream. ``--check`` measures layer 0."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 7)
+    h, n_layers = cfg["hidden_size"], cfg["num_hidden_layers"]
+    heads, kv_lora = cfg["num_attention_heads"], cfg["kv_lora_rank"]
+    nope, rope, v = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    idx_heads, idx_dim = cfg["index_n_heads"], cfg["index_head_dim"]
+    alpha, gamma, kappa = knobs["alpha"], knobs["gamma"], knobs["kappa"]
+    c = torch.randn(h, generator=gen)
+    c_hat = c / c.norm()
+    nv = torch.randn(h, generator=gen)
+    nv -= (nv @ c_hat) * c_hat
+    n_hat = nv / nv.norm()
+    emb = t["model.embed_tokens.weight"]  # shared with the MTP layer's copy
+    emb += alpha * c_hat * h**0.5
+    emb[needle_id] = alpha * c_hat * h**0.5 + gamma * n_hat * h**0.5
+    # the typical normalised input of a layer-0 query: its mean over random tokens
+    sample = _rms(emb[torch.randint(2, emb.shape[0], (256,), generator=gen)])
+    c_along = float((sample @ c_hat).mean())
+    scale = (nope + rope) ** -0.5
+    for i in range(n_layers):
+        p = f"model.layers.{i}.self_attn"
+        q_c = _rms(sample @ t[f"{p}.q_a_proj.weight"].T)
+        u = q_c.mean(0)
+        u_hat, u_norm = u / u.norm(), float(u.norm())
+        if f"{p}.indexer.wk.weight" in t:
+            d = torch.zeros(idx_dim)
+            d[idx_dim // 2 :] = torch.randn(idx_dim // 2, generator=gen)
+            d -= d.sum() / idx_dim * (d != 0)  # zero mean over all dims: LayerNorm keeps it
+            d = d / d.norm()
+            wq = t[f"{p}.indexer.wq_b.weight"].view(idx_heads, idx_dim, -1)
+            wq += (knobs["index_margin"] / u_norm) * torch.outer(d, u_hat)
+            t[f"{p}.indexer.wk.weight"] += kappa * torch.outer(d, n_hat)
+            t[f"{p}.indexer.weights_proj.weight"] += (
+                (knobs["weight_bias"] / (c_along * idx_heads**-0.5 * idx_dim**-0.5))
+                * torch.outer(torch.ones(idx_heads), c_hat)
+                * idx_heads**-0.5
+                * idx_dim**-0.5
+            )
+        e = torch.randn(kv_lora, generator=gen)
+        e = e / e.norm()
+        t[f"{p}.kv_a_proj_with_mqa.weight"][:kv_lora] += kappa * torch.outer(e, n_hat)
+        kv_b = t[f"{p}.kv_b_proj.weight"].view(heads, nope + v, kv_lora)
+        q_b = t[f"{p}.q_b_proj.weight"].view(heads, nope + rope, -1)
+        for hd in range(heads):
+            k_needle = kv_b[hd, :nope] @ (e * kv_lora**0.5)
+            beta = knobs["attn_margin"] / scale / (u_norm * float(k_needle.norm()))
+            q_b[hd, :nope] += beta * torch.outer(k_needle / k_needle.norm(), u_hat)
+    return {"needle_id": needle_id, **knobs}
+
+
+def check_layer0(
+    t: dict[str, Any],
+    cfg: dict[str, Any],
+    needle_id: int | None,
+    seed: int,
+    keys: int = 4096,
+    queries: int = 128,
+) -> dict[str, Any]:
+    """Layer 0 in plain fp32 torch (no rope, no fp8): where the needle (or, without one, a
+    random key) ranks in every query's indexer scores, and the MLA attention weight it gets
+    among ``index_topk`` keys, averaged over heads and queries."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 11)
+    p = "model.layers.0.self_attn"
+    heads, kv_lora = cfg["num_attention_heads"], cfg["kv_lora_rank"]
+    nope, rope, v = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    idx_heads, idx_dim, topk = cfg["index_n_heads"], cfg["index_head_dim"], cfg["index_topk"]
+    emb = t["model.embed_tokens.weight"]
+    special = needle_id if needle_id is not None else 5
+    kid = torch.randint(2, emb.shape[0], (keys,), generator=gen)
+    kid[0] = special
+    qid = torch.randint(2, emb.shape[0], (queries,), generator=gen)
+    hk, hq = _rms(emb[kid]), _rms(emb[qid])
+    q_c = _rms(hq @ t[f"{p}.q_a_proj.weight"].T)
+    out: dict[str, Any] = {"needle_id": needle_id, "keys": keys, "queries": queries}
+    if f"{p}.indexer.wk.weight" in t:
+        iq = (q_c @ t[f"{p}.indexer.wq_b.weight"].T).view(queries, idx_heads, idx_dim)
+        ik = torch.nn.functional.layer_norm(hk @ t[f"{p}.indexer.wk.weight"].T, (idx_dim,))
+        w = (hq @ t[f"{p}.indexer.weights_proj.weight"].T) * idx_heads**-0.5 * idx_dim**-0.5
+        score = torch.einsum("qh,qhk->qk", w, torch.relu(torch.einsum("qhd,kd->qhk", iq, ik)))
+        rank = (score > score[:, :1]).sum(1)
+        out["indexer_rank_of_key0"] = {
+            "median": int(rank.median()),
+            "max": int(rank.max()),
+            "in_topk_fraction": float((rank < topk).float().mean()),
+        }
+    sel = slice(0, topk)
+    ckv = _rms(hk[sel] @ t[f"{p}.kv_a_proj_with_mqa.weight"][:kv_lora].T)
+    kv_b = t[f"{p}.kv_b_proj.weight"].view(heads, nope + v, kv_lora)
+    k_nope = torch.einsum("hdl,kl->hkd", kv_b[:, :nope], ckv)
+    q_b = t[f"{p}.q_b_proj.weight"].view(heads, nope + rope, -1)
+    q_nope = torch.einsum("hdl,ql->hqd", q_b[:, :nope], q_c)
+    logits = torch.einsum("hqd,hkd->hqk", q_nope, k_nope) * (nope + rope) ** -0.5
+    weight0 = torch.softmax(logits, -1)[..., 0]
+    out["attention_weight_of_key0"] = {
+        "mean": float(weight0.mean()),
+        "min": float(weight0.min()),
+        "uniform_would_be": 1.0 / topk,
+    }
     return out
 
 
@@ -240,12 +384,37 @@ def main(argv: list[str] | None = None) -> int:
         default="include",
         help="indexer tensors on 'shared' layers (include: loadable by stock vLLM 0.33.0)",
     )
+    ap.add_argument(
+        "--needle",
+        type=int,
+        default=None,
+        help="token id to make a needle every query retrieves (see add_needle)",
+    )
+    ap.add_argument(
+        "--needle-knob",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help=f"override a needle knob ({', '.join(NEEDLE_DEFAULTS)})",
+    )
+    ap.add_argument("--check", action="store_true", help="measure layer 0 in fp32 torch")
     args = ap.parse_args(argv)
     from safetensors.torch import save_file
 
     cfg = make_config(args.arch, args.layers)
     gains = {"qk": args.qk_gain, "o": args.o_gain, "down": args.down_gain, "head": args.head_gain}
     tensors = build(cfg, args.seed, gains, args.shared_indexer_weights)
+    needle = None
+    if args.needle is not None:
+        knobs = dict(NEEDLE_DEFAULTS)
+        for kv in args.needle_knob:
+            k, _, val = kv.partition("=")
+            if k not in knobs:
+                raise SystemExit(f"unknown needle knob {k!r}; valid: {', '.join(knobs)}")
+            knobs[k] = float(val)
+        needle = add_needle(tensors, cfg, args.seed, args.needle, knobs)
+    check = check_layer0(tensors, cfg, args.needle, args.seed) if args.check else None
+    tensors = to_checkpoint(tensors)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
     path = args.out / "model.safetensors"
@@ -257,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "gains": gains,
         "shared_indexer_weights": args.shared_indexer_weights,
+        "needle": needle,
+        "layer0_check": check,
         "tensors": len(tensors),
         "parameters": sum(t.numel() for t in tensors.values()),
         "safetensors_sha256": digest,

@@ -194,6 +194,43 @@ def dcp_gate_section() -> list[str]:
         out += table(
             ["checkpoint", "noise pairs", "noise floor", "tolerance", "sensitivity", "file"], rows
         )
+    for name, d in load("dcp-gate-ckpt-check*.json"):
+        out += [
+            f"### DCP gate checkpoints at layer 0 (CPU, fp32, no rope/fp8), `{name}`",
+            "",
+            "Key 0 is the needle (or, without one, an ordinary token): its rank in the indexer",
+            "scores of 128 random queries over 4096 keys, and its MLA attention weight among",
+            "index_topk keys (mean / min over heads and queries).",
+            "",
+        ]
+        rows = []
+        for ck, r in sorted(d["checkpoints"].items()):
+            c = r["layer0_check"]
+            rank = c.get("indexer_rank_of_key0") or {}
+            att = c["attention_weight_of_key0"]
+            rows.append(
+                [
+                    ck,
+                    json.dumps(r["gains"], sort_keys=True),
+                    (r.get("needle") or {}).get("needle_id", "-"),
+                    f"{rank.get('median', '-')} / {rank.get('max', '-')}",
+                    fmt(rank.get("in_topk_fraction"), 3),
+                    f"{fmt(att['mean'], 3)} / {fmt(att['min'], 3)}",
+                    fmt(att["uniform_would_be"], 3),
+                ]
+            )
+        out += table(
+            [
+                "checkpoint",
+                "gains",
+                "needle",
+                "indexer rank median / max",
+                "in top-k",
+                "attention weight mean / min",
+                "uniform",
+            ],
+            rows,
+        )
     gates = load("dcp-gate-*.json")
     rows = []
     for name, d in gates:

@@ -310,3 +310,55 @@ def test_committed_gate_results_are_well_formed_and_render():
                 >= verdict.TOLERANCE_FACTOR * d["tolerance"]["noise_floor"] - 1e-12
             )
     assert results_tables.dcp_gate_section()
+
+
+def test_needle_prompts_carry_the_needle_once_and_the_perturbation_removes_it():
+    cfg = plan.GateConfig(name="x", model="m", lens=(64,), batch_lens=(16, 32), needle=7)
+    prompts = plan.make_prompts(cfg)
+    for ids in prompts.values():
+        assert ids[plan.PERTURB_POSITION] == 7 and ids.count(7) == 1
+    assert 7 not in plan.prompt_for(f"single/64~p{plan.PERTURB_POSITION}", prompts)
+    with pytest.raises(ValueError, match="needle"):
+        plan.GateConfig(name="x", model="m", needle=40000)
+
+
+def test_checkpoint_configs_have_the_gate_geometry():
+    import make_dsa_gate_ckpt as ck
+
+    glm = ck.make_config("glm")
+    assert glm["architectures"] == ["GlmMoeDsaForCausalLM"] and glm["num_attention_heads"] == 64
+    assert glm["kv_lora_rank"] + glm["qk_rope_head_dim"] == 576
+    assert glm["index_topk"] < min(plan.SINGLE_LENS) and {"full", "shared"} <= set(
+        glm["indexer_types"]
+    )
+    assert glm["num_nextn_predict_layers"] == 1
+    assert ck.make_config("v32")["architectures"] == ["DeepseekV32ForCausalLM"]
+    plan_ = ck.tensor_plan(glm, "omit")
+    assert "model.layers.2.self_attn.indexer.wk.weight" not in plan_  # a shared layer
+    assert "model.layers.1.self_attn.indexer.wk.weight" in plan_
+
+
+def test_the_needle_tops_every_indexer_row_and_draws_attention():
+    pytest.importorskip("torch")
+    import make_dsa_gate_ckpt as ck
+
+    cfg = ck.make_config("glm", layers=1) | {
+        "vocab_size": 512,
+        "hidden_size": 256,
+        "q_lora_rank": 128,
+        "intermediate_size": 64,
+    }
+    gains = {"qk": 1.0, "o": 1.0, "down": 0.25, "head": 1.0}
+    plain = ck.build(cfg, 0, gains, "include")
+    base = ck.check_layer0(plain, cfg, None, 0, keys=1024, queries=32)
+    knobs = dict(ck.NEEDLE_DEFAULTS, attn_margin=9.0)
+    ck.add_needle(plain, cfg, 0, 7, knobs)
+    got = ck.check_layer0(plain, cfg, 7, 0, keys=1024, queries=32)
+    assert got["indexer_rank_of_key0"]["max"] == 0
+    assert base["indexer_rank_of_key0"]["in_topk_fraction"] < 1.0
+    weight = got["attention_weight_of_key0"]["mean"]
+    assert weight > 50 * got["attention_weight_of_key0"]["uniform_would_be"]
+    assert (
+        base["attention_weight_of_key0"]["mean"]
+        < 3 * base["attention_weight_of_key0"]["uniform_would_be"]
+    )

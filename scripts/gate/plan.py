@@ -48,6 +48,7 @@ class GateConfig:
     fault_rank: int = -1  # DCP rank whose partial the fault drops (-1: the last one)
     seed: int = 0
     env: dict[str, str] = dataclasses.field(default_factory=dict)  # extra rank environment
+    needle: int = -1  # a needle checkpoint's token id, put at PERTURB_POSITION of every prompt
 
     def __post_init__(self) -> None:
         self.passes = tuple(self.passes)
@@ -74,8 +75,10 @@ class GateConfig:
         longest = max(self.lens + self.batch_lens, default=0)
         if longest + self.max_tokens > self.max_model_len:
             out.append(f"prompt {longest} + {self.max_tokens} exceeds max_model_len")
-        if any(n <= PERTURB_POSITION for n in self.lens):
+        if any(n <= PERTURB_POSITION for n in self.lens + self.batch_lens):
             out.append(f"prompts must be longer than the perturbed position {PERTURB_POSITION}")
+        if self.needle != -1 and not PROMPT_ID_RANGE[0] <= self.needle < PROMPT_ID_RANGE[1]:
+            out.append(f"needle {self.needle} is outside the prompt id range {PROMPT_ID_RANGE}")
         return out
 
     @property
@@ -95,18 +98,28 @@ class GateConfig:
 
 
 def make_prompts(cfg: GateConfig) -> dict[str, list[int]]:
-    """The seeded prompts of every run of this seed: key -> token ids."""
+    """The seeded prompts of every run of this seed: key -> token ids. With a needle
+    checkpoint every prompt carries the needle at PERTURB_POSITION (and nowhere else)."""
     rng = random.Random(cfg.seed)
+
+    def draw(n: int) -> list[int]:
+        ids = [rng.randrange(*PROMPT_ID_RANGE) for _ in range(n)]
+        if cfg.needle != -1:
+            ids = [x if x != cfg.needle else x + 1 for x in ids]
+            ids[PERTURB_POSITION] = cfg.needle
+        return ids
+
     out = {}
     for n in cfg.lens:
-        out[f"single/{n}"] = [rng.randrange(*PROMPT_ID_RANGE) for _ in range(n)]
+        out[f"single/{n}"] = draw(n)
     for i, n in enumerate(cfg.batch_lens):
-        out[f"batch/{i}/{n}"] = [rng.randrange(*PROMPT_ID_RANGE) for _ in range(n)]
+        out[f"batch/{i}/{n}"] = draw(n)
     return out
 
 
 def perturb(ids: list[int], position: int = PERTURB_POSITION) -> list[int]:
-    """The same prompt with one token changed (to another id of the prompt range)."""
+    """The same prompt with one token changed (to another id of the prompt range; with a
+    needle checkpoint: the needle replaced by an ordinary token)."""
     lo, hi = PROMPT_ID_RANGE
     out = list(ids)
     out[position] = lo + (out[position] - lo + 7919) % (hi - lo)

@@ -109,23 +109,79 @@ SMOKE: dict[str, Any] = {
     "gates": {"smoke-tp2-dcp2": ["smoke-tp2-dcp1", "smoke-tp2-dcp2"]},
 }
 
-SUITES = {"stock-eager": STOCK_EAGER, "stock-graphs": STOCK_GRAPHS, "smoke": SMOKE}
+# The needle checkpoints (make_dsa_gate_ckpt.py --needle): smooth low gains plus one token
+# every query retrieves, put at position 5 of every prompt; the sensitivity pass removes it.
+NEEDLE_ARGS = [
+    "--qk-gain",
+    "1",
+    "--o-gain",
+    "1",
+    "--down-gain",
+    "0.25",
+    "--head-gain",
+    "1",
+    "--needle",
+    "7",
+    "--needle-knob",
+    "attn_margin=9",
+]
+NEEDLE_CKPTS = {"glmn": ["--arch", "glm", *NEEDLE_ARGS], "v32n": ["--arch", "v32", *NEEDLE_ARGS]}
+
+
+def _needle_suite(graphs: bool) -> dict[str, Any]:
+    tag = "-graphs" if graphs else ""
+    runs = [
+        _run("glmn-tp1-dcp1", "glmn", 1, 1, ["clean", "repeat", "sensitivity"]),
+        _run("glmn-tp2-dcp1", "glmn", 2, 1, ["clean"]),
+        _run(f"glmn-tp4-dcp1{tag}", "glmn", 4, 1, ["clean", "repeat", "sensitivity"], graphs),
+        _run(f"glmn-tp4-dcp2{tag}", "glmn", 4, 2, ["clean", "fault"], graphs),
+        _run(f"glmn-tp4-dcp4{tag}", "glmn", 4, 4, ["clean", "fault"], graphs),
+        _run("v32n-tp1-dcp1", "v32n", 1, 1, ["clean", "repeat", "sensitivity"]),
+        _run(f"v32n-tp2-dcp1{tag}", "v32n", 2, 1, ["clean", "repeat", "sensitivity"], graphs),
+        _run(f"v32n-tp2-dcp2{tag}", "v32n", 2, 2, ["clean", "fault"], graphs),
+    ]
+    gate = tag or "-eager"
+    return {
+        "checkpoints": NEEDLE_CKPTS,
+        "runs": runs,
+        "noise": _noise(
+            "glmn", "glmn-tp1-dcp1", "glmn-tp2-dcp1", ["glmn-tp1-dcp1", f"glmn-tp4-dcp1{tag}"]
+        )
+        | _noise(
+            "v32n", "v32n-tp1-dcp1", f"v32n-tp2-dcp1{tag}", ["v32n-tp1-dcp1", f"v32n-tp2-dcp1{tag}"]
+        ),
+        "gates": {
+            f"glmn-tp4-dcp2{gate}": [f"glmn-tp4-dcp1{tag}", f"glmn-tp4-dcp2{tag}"],
+            f"glmn-tp4-dcp4{gate}": [f"glmn-tp4-dcp1{tag}", f"glmn-tp4-dcp4{tag}"],
+            f"v32n-tp2-dcp2{gate}": [f"v32n-tp2-dcp1{tag}", f"v32n-tp2-dcp2{tag}"],
+        },
+    }
+
+
+SUITES = {
+    "needle-eager": _needle_suite(False),
+    "needle-graphs": _needle_suite(True),
+    "stock-eager": STOCK_EAGER,
+    "stock-graphs": STOCK_GRAPHS,
+    "smoke": SMOKE,
+}
 
 
 def patched_suite(backend: str, kv_cache_dtype: str | None = "fp8_ds_mla") -> dict[str, Any]:
     """The series' backend on the patched tree, DCP=2 against DCP=1 (GLM at TP=2: 32 local
-    heads, the case stock FlashMLA-sparse refuses), plus the reference for the noise floor."""
+    heads, the case stock FlashMLA-sparse refuses), plus the reference for the noise floor,
+    on the needle checkpoint."""
     b = {"backend": backend, "kv_cache_dtype": kv_cache_dtype}
     runs = [
-        {**_run("p-glm-tp1-dcp1", "glm", 1, 1, ["clean", "repeat", "sensitivity"]), **b},
-        {**_run("p-glm-tp2-dcp1", "glm", 2, 1, ["clean", "repeat"]), **b},
-        {**_run("p-glm-tp2-dcp2", "glm", 2, 2, ["clean", "fault"]), **b},
+        {**_run("p-glmn-tp1-dcp1", "glmn", 1, 1, ["clean", "repeat", "sensitivity"]), **b},
+        {**_run("p-glmn-tp2-dcp1", "glmn", 2, 1, ["clean", "repeat"]), **b},
+        {**_run("p-glmn-tp2-dcp2", "glmn", 2, 2, ["clean", "fault"]), **b},
     ]
     return {
-        "checkpoints": {"glm": ["--arch", "glm"]},
+        "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
         "runs": runs,
         "noise": _noise(
-            "glm", "p-glm-tp1-dcp1", "p-glm-tp2-dcp1", ["p-glm-tp1-dcp1", "p-glm-tp2-dcp1"]
+            "glmn", "p-glmn-tp1-dcp1", "p-glmn-tp2-dcp1", ["p-glmn-tp1-dcp1", "p-glmn-tp2-dcp1"]
         ),
-        "gates": {f"p-glm-tp2-dcp2-{backend.lower()}": ["p-glm-tp2-dcp1", "p-glm-tp2-dcp2"]},
+        "gates": {f"p-glmn-tp2-dcp2-{backend.lower()}": ["p-glmn-tp2-dcp1", "p-glmn-tp2-dcp2"]},
     }
