@@ -10,11 +10,11 @@ identities (one-GPU emulation over NCCL's socket transport). Every rank runs vLL
 external_launcher; runs share the machine and run concurrently (fixed kv_cache_memory_bytes per
 rank, at most --max-ranks processes at once)::
 
-    python scripts/dcp_gate.py suite --suite stock-eager --work /tmp/gate --out results
-    python scripts/dcp_gate.py suite --suite stock-graphs --work /tmp/gate --out results
+    python scripts/dcp_gate.py suite --suite needle-eager --work /tmp/gate --out results
+    python scripts/dcp_gate.py suite --suite needle-graphs --work /tmp/gate --out results
     python scripts/dcp_gate.py suite --suite patched --backend TRITON_MLA_SPARSE ...
     python scripts/dcp_gate.py run --name x --model DIR --tp 4 --dcp 2 --passes clean,fault
-    python scripts/dcp_gate.py report --work /tmp/gate --suite stock-eager --out results
+    python scripts/dcp_gate.py report --work /tmp/gate --suite needle-eager --out results
 
 ``suite`` writes the checkpoints (scripts/make_dsa_gate_ckpt.py, seeded), the run records
 (``<work>/runs/<run>.json``: command, revision, base, machine, configuration, the backend/impl
