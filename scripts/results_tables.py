@@ -33,8 +33,10 @@ def table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
     return lines + [""]
 
 
-def fmt(x: float, digits: int = 3) -> str:
+def fmt(x: float | None, digits: int = 3) -> str:
     """A figure for a table: whole numbers from 100 up, else ``digits`` significant digits."""
+    if x is None:
+        return "-"
     if not isinstance(x, float):
         return str(x)
     return f"{x:.0f}" if abs(x) >= 100 else f"{x:.{digits}g}"
@@ -43,7 +45,7 @@ def fmt(x: float, digits: int = 3) -> str:
 def revision(d: dict[str, Any]) -> str:
     rev = d.get("launched_at_revision") or d.get("git_revision") or d.get("revision")
     if isinstance(rev, dict):
-        rev = rev.get("head") or rev.get("overlay_manifest_sha256")
+        rev = rev.get("head") or rev.get("series") or rev.get("overlay_manifest_sha256")
     return str(rev)[:12] if rev else "unknown"
 
 
@@ -139,6 +141,149 @@ def equivalence_section() -> list[str]:
         ],
         rows,
     )
+    return out
+
+
+def _side(s: dict[str, Any]) -> str:
+    mode = "graphs" if s.get("graphs") else "eager"
+    return f"TP={s.get('tp')} DCP={s.get('dcp')} {mode}" + ("" if s.get("ok") else " (failed)")
+
+
+def dcp_gate_section() -> list[str]:
+    """The DCP gates (scripts/dcp_gate.py): noise floor, tolerance and sensitivity per
+    checkpoint, then one row per gate (DCP > 1 against DCP = 1 at the same TP)."""
+    out: list[str] = []
+    noise = load("dcp-gate-noise-*.json")
+    if noise:
+        out += [
+            "### DCP gates: noise floor, tolerance, sensitivity",
+            "",
+            "Noise pairs are legitimate reorderings (TP=2 DCP=1 vs TP=1; identical runs): the",
+            "largest |Δ log-prob| over shared-context steps and common top-20 ids. Sensitivity:",
+            "one prompt token changed at position 5, smallest move of the first generated step",
+            "over the single prompts (×tol = that move / the tolerance).",
+            "",
+        ]
+        rows = []
+        for name, d in noise:
+            pairs = "; ".join(
+                f"{k.split(': ', 1)[-1]} {fmt(v['max_abs_logprob_diff'], 2)}"
+                for k, v in sorted(d["noise_pairs"].items())
+            )
+            sens = "; ".join(
+                f"{run}: {fmt(s.get('min_first_step_max_abs_logprob_diff'), 3)}"
+                f" (×tol {fmt(s.get('over_tolerance'), 3)})"
+                for run, s in sorted(d["sensitivity"].items())
+            )
+            t = d["tolerance"]
+            made = {
+                json.dumps(c.get("gains"), sort_keys=True)
+                for c in (d.get("checkpoints") or {}).values()
+                if c and c.get("gains")
+            }
+            rows.append(
+                [
+                    d["checkpoint"] + "".join(f" gains {m}" for m in sorted(made)),
+                    pairs,
+                    fmt(t["noise_floor"], 2),
+                    fmt(t["atol_logprob"], 2),
+                    sens or "not measured",
+                    f"`{name}`",
+                ]
+            )
+        out += table(
+            ["checkpoint", "noise pairs", "noise floor", "tolerance", "sensitivity", "file"], rows
+        )
+    for name, d in load("dcp-gate-ckpt-check*.json"):
+        out += [
+            f"### DCP gate checkpoints at layer 0 (CPU, fp32, no rope/fp8), `{name}`",
+            "",
+            "Key 0 is the needle (or, without one, an ordinary token): its rank in the indexer",
+            "scores of 128 random queries over 4096 keys, and its MLA attention weight among",
+            "index_topk keys (mean / min over heads and queries).",
+            "",
+        ]
+        rows = []
+        for ck, r in sorted(d["checkpoints"].items()):
+            c = r["layer0_check"]
+            rank = c.get("indexer_rank_of_key0") or {}
+            att = c["attention_weight_of_key0"]
+            rows.append(
+                [
+                    ck,
+                    json.dumps(r["gains"], sort_keys=True),
+                    (r.get("needle") or {}).get("needle_id", "-"),
+                    f"{rank.get('median', '-')} / {rank.get('max', '-')}",
+                    fmt(rank.get("in_topk_fraction"), 3),
+                    f"{fmt(att['mean'], 3)} / {fmt(att['min'], 3)}",
+                    fmt(att["uniform_would_be"], 3),
+                ]
+            )
+        out += table(
+            [
+                "checkpoint",
+                "gains",
+                "needle",
+                "indexer rank median / max",
+                "in top-k",
+                "attention weight mean / min",
+                "uniform",
+            ],
+            rows,
+        )
+    gates = load("dcp-gate-*.json")
+    rows = []
+    for name, d in gates:
+        if d.get("kind") != "dcp_gate":
+            continue
+        prompts = d.get("prompts", {})
+        same = sum(1 for p in prompts.values() if p.get("first_token_difference") is None)
+        neg = d.get("negative_control", {})
+        rows.append(
+            [
+                f"`{name}`",
+                _side(d["dcp"]["reference"]),
+                _side(d["dcp"]["candidate"]),
+                ", ".join(d["backend"].get("candidate_used") or ["?"]),
+                f"{same}/{len(prompts)}",
+                fmt(d.get("max_abs_logprob_diff"), 2),
+                fmt(d["tolerance"]["atol_logprob"], 2),
+                d["equivalent"],
+                f"{d['negative_control_detected']} ({fmt(neg.get('max_abs_logprob_diff'), 2)})",
+                fmt(d.get("sensitivity", {}).get("over_tolerance"), 2),
+                d.get("meaningful"),
+                revision(d),
+            ]
+        )
+    if rows:
+        label = next((d.get("timing_label") for _, d in gates if d.get("timing_label")), "")
+        out += [
+            "### DCP gates: DCP > 1 against DCP = 1",
+            "",
+            f"Ranks: {label}. Prompts: 1k/8k/32k singles and one batch of 4 requests of",
+            "different lengths, 32 greedy tokens, top-20 log-probs per step. Negative control:",
+            "one DCP rank's partial dropped from the LSE merge (its max |Δ log-prob| in brackets).",
+            "meaningful = sensitivity >= 5x the tolerance and the negative control detected; a",
+            "gate that is not meaningful proves nothing either way.",
+            "",
+        ]
+        out += table(
+            [
+                "file",
+                "reference",
+                "candidate",
+                "backend/impl/kv used",
+                "tokens equal",
+                "max abs Δlogprob",
+                "atol",
+                "equivalent",
+                "negative control detected",
+                "sensitivity ×tol",
+                "meaningful",
+                "revision",
+            ],
+            rows,
+        )
     return out
 
 
@@ -360,6 +505,7 @@ def render() -> str:
     for section in (
         kernel_section,
         equivalence_section,
+        dcp_gate_section,
         topk_section,
         mtp_section,
         tool_section,

@@ -1,0 +1,205 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What a gate run serves: its configuration, its seeded token-id prompts, and the launch
+environment of each rank (N processes on one GPU with their own NCCL host identities, or one
+rank per GPU when there are N GPUs). Pure Python: no vLLM, no torch."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+from typing import Any
+
+# Token ids drawn for prompts: skip bos/eos (0, 1), stay below every gate vocabulary (32000).
+PROMPT_ID_RANGE = (2, 31999)
+SINGLE_LENS = (1024, 8192, 32000)
+# One batch of requests of different lengths arriving together: prefill chunks and decode
+# rows of different requests share steps.
+BATCH_LENS = (700, 2600, 9100, 17000)
+# The sensitivity pass changes the token at this position ("near the start").
+PERTURB_POSITION = 5
+PASSES = ("clean", "repeat", "sensitivity", "fault")
+TRANSPORT_EMULATED = "one-GPU emulation (socket transport)"
+TRANSPORT_NATIVE = "one rank per GPU (NCCL's own transport)"
+
+
+@dataclasses.dataclass
+class GateConfig:
+    """One engine configuration of the gate (all ranks run it, SPMD)."""
+
+    name: str
+    model: str
+    tp: int = 1
+    dcp: int = 1
+    backend: str | None = None
+    kv_cache_dtype: str | None = None
+    graphs: bool = False
+    passes: tuple[str, ...] = ("clean",)
+    lens: tuple[int, ...] = SINGLE_LENS
+    batch_lens: tuple[int, ...] = BATCH_LENS
+    max_tokens: int = 32
+    logprobs: int = 20
+    max_model_len: int = 32768
+    max_num_batched_tokens: int = 8192
+    kv_cache_memory_bytes: int = 1 << 30
+    gpu_memory_utilization: float = 0.03
+    cudagraph_capture_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    fault_rank: int = -1  # DCP rank whose partial the fault drops (-1: the last one)
+    seed: int = 0
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # extra rank environment
+    needle: int = -1  # a needle checkpoint's token id, put at PERTURB_POSITION of every prompt
+
+    def __post_init__(self) -> None:
+        self.passes = tuple(self.passes)
+        self.lens = tuple(int(n) for n in self.lens)
+        self.batch_lens = tuple(int(n) for n in self.batch_lens)
+        self.cudagraph_capture_sizes = tuple(self.cudagraph_capture_sizes)
+        errors = self.problems()
+        if errors:
+            raise ValueError(f"gate config {self.name!r}: " + "; ".join(errors))
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.tp < 1 or self.dcp < 1 or self.tp % self.dcp:
+            out.append(f"tp ({self.tp}) must be a multiple of dcp ({self.dcp}), both >= 1")
+        bad = [p for p in self.passes if p not in PASSES]
+        if bad:
+            out.append(f"unknown passes {bad}; valid: {', '.join(PASSES)}")
+        if "clean" not in self.passes:
+            out.append("every run needs the 'clean' pass")
+        if "fault" in self.passes and self.dcp < 2:
+            out.append("the 'fault' pass drops one DCP rank's partial: it needs dcp >= 2")
+        if self.max_tokens < 32:
+            out.append(f"max_tokens must be >= 32, got {self.max_tokens}")
+        longest = max(self.lens + self.batch_lens, default=0)
+        if longest + self.max_tokens > self.max_model_len:
+            out.append(f"prompt {longest} + {self.max_tokens} exceeds max_model_len")
+        if any(n <= PERTURB_POSITION for n in self.lens + self.batch_lens):
+            out.append(f"prompts must be longer than the perturbed position {PERTURB_POSITION}")
+        if self.needle != -1 and not PROMPT_ID_RANGE[0] <= self.needle < PROMPT_ID_RANGE[1]:
+            out.append(f"needle {self.needle} is outside the prompt id range {PROMPT_ID_RANGE}")
+        return out
+
+    @property
+    def world_size(self) -> int:
+        return self.tp
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> GateConfig:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - fields
+        if unknown:
+            raise ValueError(f"unknown gate config keys {sorted(unknown)}")
+        return cls(**d)
+
+
+def make_prompts(cfg: GateConfig) -> dict[str, list[int]]:
+    """The seeded prompts of every run of this seed: key -> token ids. With a needle
+    checkpoint every prompt carries the needle at PERTURB_POSITION (and nowhere else)."""
+    rng = random.Random(cfg.seed)
+
+    def draw(n: int) -> list[int]:
+        ids = [rng.randrange(*PROMPT_ID_RANGE) for _ in range(n)]
+        if cfg.needle != -1:
+            ids = [x if x != cfg.needle else x + 1 for x in ids]
+            ids[PERTURB_POSITION] = cfg.needle
+        return ids
+
+    out = {}
+    for n in cfg.lens:
+        out[f"single/{n}"] = draw(n)
+    for i, n in enumerate(cfg.batch_lens):
+        out[f"batch/{i}/{n}"] = draw(n)
+    return out
+
+
+def perturb(ids: list[int], position: int = PERTURB_POSITION) -> list[int]:
+    """The same prompt with one token changed (to another id of the prompt range; with a
+    needle checkpoint: the needle replaced by an ordinary token)."""
+    lo, hi = PROMPT_ID_RANGE
+    out = list(ids)
+    out[position] = lo + (out[position] - lo + 7919) % (hi - lo)
+    assert out[position] != ids[position]
+    return out
+
+
+def pass_groups(cfg: GateConfig, pass_name: str) -> list[list[str]]:
+    """The generate() calls of one pass, each a list of prompt keys sent together.
+
+    ``clean``: every single prompt on its own, then the batch together. ``repeat`` (identical
+    runs) and ``fault`` (the negative control): the two shortest single prompts and the batch.
+    ``sensitivity``: every single prompt with the token at PERTURB_POSITION changed
+    (keys ``single/<n>~p<pos>``)."""
+    singles = [[f"single/{n}"] for n in cfg.lens]
+    batch = [[f"batch/{i}/{n}" for i, n in enumerate(cfg.batch_lens)]] if cfg.batch_lens else []
+    if pass_name == "clean":
+        return singles + batch
+    if pass_name in ("repeat", "fault"):
+        return singles[:2] + batch
+    if pass_name == "sensitivity":
+        return [[f"single/{n}~p{PERTURB_POSITION}"] for n in cfg.lens]
+    raise ValueError(f"unknown pass {pass_name!r}; valid: {', '.join(PASSES)}")
+
+
+def prompt_for(key: str, prompts: dict[str, list[int]]) -> list[int]:
+    base, _, tail = key.partition("~p")
+    ids = prompts[base]
+    return perturb(ids, int(tail)) if tail else ids
+
+
+def prompt_digest(ids: list[int]) -> str:
+    return hashlib.sha256(json.dumps(ids).encode()).hexdigest()
+
+
+def rank_envs(world: int, gpus: int, port: int, tag: str) -> list[dict[str, str]]:
+    """The environment of each rank of one run of ``world`` ranks on a machine with ``gpus``.
+
+    ``gpus >= world``: one rank per GPU (LOCAL_RANK = rank), NCCL picks its own transport.
+    Fewer GPUs: rank r runs on GPU r % gpus and claims its own host (NCCL_HOSTID), so NCCL
+    accepts several ranks of one communicator on one device and talks over its socket
+    transport on the loopback interface. Every rank runs vLLM's external_launcher (SPMD, the
+    engine in-process: VLLM_ENABLE_V1_MULTIPROCESSING=0); a single rank runs in-process too.
+    """
+    if gpus < 1:
+        raise ValueError("no GPU visible: the gate needs at least one")
+    if world < 1:
+        raise ValueError("world size must be >= 1")
+    emulated = gpus < world
+    envs = []
+    for r in range(world):
+        env = {
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # apply_model sends a callable
+            "OMP_NUM_THREADS": "2",  # many ranks share the machine's cores
+            "NCCL_NVLS_ENABLE": "0",
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+            "NVSHMEM_DISABLE_NVLS": "1",
+        }
+        if world > 1:
+            env |= {
+                "RANK": str(r),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(r % gpus),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            }
+            if emulated:
+                env |= {
+                    "NCCL_HOSTID": f"gate-{tag}-{port}-r{r}",
+                    "NCCL_SOCKET_IFNAME": "lo",
+                    # the symmetric-memory direct DCP collectives map peer GPUs' buffers:
+                    # ranks sharing one device take vLLM's NCCL collectives instead
+                    **{f"VLLM_USE_DIRECT_DCP_{op}": "0" for op in ("A2A", "Q_GATHER", "KV_GATHER")},
+                }
+        envs.append(env)
+    return envs
+
+
+def transport(world: int, gpus: int) -> str:
+    if world == 1:
+        return "single rank"
+    return TRANSPORT_EMULATED if gpus < world else TRANSPORT_NATIVE

@@ -1,0 +1,341 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The gate's judgements, from two run records (pure Python, tested on CPU).
+
+A run record (written by scripts/dcp_gate.py) holds per pass and prompt key the greedy tokens
+and, per generated step, the top-k log-probs. Two runs are compared prompt by prompt:
+
+* steps 0..d share their context, where d is the first step whose tokens differ (all steps
+  when none do); at each such step the log-probs of the token ids present in both top-k lists
+  are compared, and the largest absolute difference must be <= the tolerance;
+* a differing token at step d is accepted only as a near tie: in both runs both tokens are in
+  the top-k and their log-probs differ by <= the tolerance (a legitimate reordering can flip
+  the argmax of two near-equal candidates; a wrong attention result moves everything);
+* every prompt of the reference must be there, with the same prompt digest and token count.
+
+The tolerance is derived from the noise floor (legitimate reorderings: TP=2 DCP=1 against
+TP=1, and two identical runs): ``max(TOLERANCE_FACTOR * noise floor, TOLERANCE_MIN)``. A gate
+result is only meaningful when the checkpoint's sensitivity (one prompt token changed near the
+start moves the first generated step's log-probs) exceeds the tolerance by at least
+SENSITIVITY_MARGIN, and when the negative control (a fault injected into the candidate) makes
+the comparison fail.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+PERTURB_POSITION_NOTE = "one prompt token changed at the position the key names (~p<pos>)"
+TOLERANCE_FACTOR = 4.0
+TOLERANCE_MIN = 1e-3
+SENSITIVITY_MARGIN = 5.0
+SCHEMA_VERSION = 1
+GATE_KIND = "dcp_gate"
+NOISE_KIND = "dcp_gate_noise"
+REQUIRED_KEYS = (
+    "base",
+    "dcp",
+    "backend",
+    "equivalent",
+    "tolerance",
+    "noise_floor",
+    "sensitivity",
+    "negative_control_detected",
+)
+
+TOLERANCE_RULE = (
+    f"atol = max({TOLERANCE_FACTOR:g} x noise floor, {TOLERANCE_MIN:g}); noise floor = the "
+    "largest |delta log-prob| over shared-context steps and common top-k ids of the noise "
+    "pairs (TP=2 DCP=1 vs TP=1; two identical runs)"
+)
+EQUIVALENCE_RULE = (
+    "equivalent iff every reference prompt was served with the same digest and token count, "
+    "at every shared-context step the log-probs of the ids in both top-k lists differ by <= "
+    "atol, and a differing greedy token is a near tie (both tokens in both top-k lists, "
+    "within atol of each other)"
+)
+
+
+def _top(step: dict[str, Any]) -> dict[int, float]:
+    return {int(t): float(lp) for t, lp in step["top"]}
+
+
+def step_difference(a: dict[str, Any], b: dict[str, Any]) -> tuple[float | None, int]:
+    """(largest |delta log-prob| over the ids in both top-k lists, how many ids that is)."""
+    ta, tb = _top(a), _top(b)
+    common = set(ta) & set(tb)
+    if not common:
+        return None, 0
+    diffs = [abs(ta[t] - tb[t]) for t in common]
+    if any(math.isnan(d) for d in diffs):  # max() would silently skip a NaN
+        return math.nan, len(common)
+    return max(diffs), len(common)
+
+
+def near_tie(step: dict[str, Any], tok_a: int, tok_b: int, atol: float) -> bool:
+    top = _top(step)
+    return tok_a in top and tok_b in top and abs(top[tok_a] - top[tok_b]) <= atol
+
+
+def compare_prompt(a: dict[str, Any], b: dict[str, Any], atol: float) -> dict[str, Any]:
+    """Compare one prompt's record in run a (reference) and run b (candidate)."""
+    if a["prompt_sha256"] != b["prompt_sha256"]:
+        return {"equivalent": False, "reasons": ["prompt digests differ"]}
+    ta, tb = a["tokens"], b["tokens"]
+    first = next((i for i, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y), None)
+    upto = min(len(ta), len(tb)) if first is None else first + 1
+    diffs: list[float] = []
+    min_common = None
+    disjoint_steps, nan_steps = [], []
+    for i in range(upto):
+        d, n = step_difference(a["steps"][i], b["steps"][i])
+        min_common = n if min_common is None else min(min_common, n)
+        if d is None:
+            disjoint_steps.append(i)
+        elif math.isnan(d):  # a NaN never compares greater than atol: refuse it outright
+            nan_steps.append(i)
+        else:
+            diffs.append(d)
+    max_diff = max(diffs) if diffs else None
+    first_step = step_difference(a["steps"][0], b["steps"][0])[0] if ta and tb else None
+    if first_step is not None and math.isnan(first_step):
+        first_step = None
+    tie = None
+    if first is not None:
+        sa, sb = a["steps"][first], b["steps"][first]
+        tie = near_tie(sa, ta[first], tb[first], atol) and near_tie(sb, ta[first], tb[first], atol)
+    reasons = []
+    if len(ta) != len(tb):
+        reasons.append(f"token counts differ ({len(ta)} vs {len(tb)})")
+    if nan_steps:
+        reasons.append(f"NaN log-probs at steps {nan_steps}")
+    if disjoint_steps:
+        reasons.append(f"no common top-k id at steps {disjoint_steps}")
+    if max_diff is not None and max_diff > atol:
+        reasons.append(f"max |delta log-prob| {max_diff:.4g} > atol {atol:.4g}")
+    if first is not None and not tie:
+        reasons.append(f"tokens differ at step {first} and it is not a near tie")
+    if upto == 0:
+        reasons.append("no step to compare")
+    return {
+        "prompt_len": a.get("prompt_len"),
+        "tokens_ref": ta,
+        "tokens_cand": tb,
+        "first_token_difference": first,
+        "divergence_is_near_tie": tie,
+        "compared_steps": upto,
+        "min_common_top_ids": min_common,
+        "first_step_max_abs_logprob_diff": first_step,
+        "max_abs_logprob_diff": max_diff,
+        "equivalent": not reasons,
+        "reasons": reasons,
+    }
+
+
+def compare_passes(
+    ref: dict[str, Any],
+    cand: dict[str, Any],
+    atol: float,
+    ref_pass: str = "clean",
+    cand_pass: str = "clean",
+) -> dict[str, Any]:
+    """Every prompt of ``ref_pass`` in run ``ref`` against the same key in ``cand_pass``."""
+    out: dict[str, Any] = {"ref_pass": ref_pass, "cand_pass": cand_pass, "prompts": {}}
+    problems = []
+    if not ref.get("ok"):
+        problems.append(f"reference run failed: {ref.get('error')}")
+    if not cand.get("ok"):
+        problems.append(f"candidate run failed: {cand.get('error')}")
+    rp = ref.get("passes", {}).get(ref_pass)
+    cp = cand.get("passes", {}).get(cand_pass)
+    if not problems and rp is None:
+        problems.append(f"reference has no pass {ref_pass!r}")
+    if not problems and cp is None:
+        problems.append(f"candidate has no pass {cand_pass!r}")
+    if not problems:
+        keys = [k for k in rp if k in cp] if cand_pass != ref_pass else list(rp)
+        if not keys:
+            problems.append("no prompt in common")
+        for key in keys:
+            if key not in cp:
+                out["prompts"][key] = {"equivalent": False, "reasons": ["missing in candidate"]}
+                continue
+            out["prompts"][key] = compare_prompt(rp[key], cp[key], atol)
+    out["problems"] = problems
+    out["equivalent"] = not problems and all(p["equivalent"] for p in out["prompts"].values())
+    diffs = [
+        p["max_abs_logprob_diff"]
+        for p in out["prompts"].values()
+        if p.get("max_abs_logprob_diff") is not None
+    ]
+    out["max_abs_logprob_diff"] = max(diffs) if diffs else None
+    return out
+
+
+def pair_noise(ref: dict[str, Any], cand: dict[str, Any], ref_pass="clean", cand_pass="clean"):
+    """The largest |delta log-prob| of a noise pair over its shared-context steps (None when
+    a run failed or nothing was compared), computed with no tolerance in play."""
+    cmp = compare_passes(ref, cand, math.inf, ref_pass, cand_pass)
+    if cmp["problems"]:
+        return None, cmp
+    return cmp["max_abs_logprob_diff"], cmp
+
+
+def derive_tolerance(noise: dict[str, float | None]) -> dict[str, Any]:
+    """The tolerance from the noise pairs: label -> that pair's largest difference."""
+    measured = {k: v for k, v in noise.items() if v is not None}
+    if not measured:
+        raise ValueError("no noise pair was measured: the tolerance cannot be derived")
+    floor = max(measured.values())
+    return {
+        "atol_logprob": max(TOLERANCE_FACTOR * floor, TOLERANCE_MIN),
+        "noise_floor": floor,
+        "factor": TOLERANCE_FACTOR,
+        "minimum": TOLERANCE_MIN,
+        "rule": TOLERANCE_RULE,
+    }
+
+
+def sensitivity(ref: dict[str, Any], atol: float | None = None) -> dict[str, Any]:
+    """How far one changed prompt token (the ``sensitivity`` pass) moves the first generated
+    step of each single prompt; the figure is the smallest such move over the prompts."""
+    clean, pert = ref.get("passes", {}).get("clean", {}), ref.get("passes", {}).get("sensitivity")
+    if not pert:
+        return {"measured": False}
+    rows = {}
+    for key, rec in pert.items():
+        base = clean.get(key.partition("~p")[0])
+        if base is None:
+            continue
+        d, n = step_difference(base["steps"][0], rec["steps"][0])
+        rows[key] = {
+            "first_step_max_abs_logprob_diff": d,
+            "common_top_ids": n,
+            "first_token_changed": base["tokens"][0] != rec["tokens"][0],
+            "prompt_len": rec.get("prompt_len"),
+        }
+    # Disjoint top-k lists (d is None) move the distribution further than any shared id
+    # could: such a prompt counts as sensitive, and the figure is over the others.
+    moves = [r["first_step_max_abs_logprob_diff"] for r in rows.values()]
+    figure = min((m for m in moves if m is not None), default=None)
+    out: dict[str, Any] = {
+        "measured": bool(rows),
+        "position": PERTURB_POSITION_NOTE,
+        "per_prompt": rows,
+        "min_first_step_max_abs_logprob_diff": figure,
+        "all_top_ids_disjoint": bool(moves) and figure is None,
+    }
+    if atol is not None and rows:
+        out["margin_required"] = SENSITIVITY_MARGIN
+        if figure is None:
+            out["over_tolerance"] = None
+            out["sufficient"] = True
+        else:
+            out["over_tolerance"] = figure / atol
+            out["sufficient"] = figure >= SENSITIVITY_MARGIN * atol
+    return out
+
+
+def negative_control(ref: dict[str, Any], cand: dict[str, Any], atol: float) -> dict[str, Any]:
+    """The candidate's ``fault`` pass against the reference's clean pass: detected iff the
+    comparison fails (with the prompts really served, not because a run crashed)."""
+    faulted = cand.get("passes", {}).get("fault")
+    if not faulted:
+        return {"ran": False, "detected": False}
+    cmp = compare_passes(ref, cand, atol, "clean", "fault")
+    served = not cmp["problems"] and bool(cmp["prompts"])
+    return {
+        "ran": True,
+        "fault": cand.get("fault", {}),
+        "detected": served and not cmp["equivalent"],
+        "max_abs_logprob_diff": cmp["max_abs_logprob_diff"],
+        "prompts_failing": sorted(k for k, p in cmp["prompts"].items() if not p["equivalent"]),
+        "prompts": sorted(cmp["prompts"]),
+        "problems": cmp["problems"],
+    }
+
+
+def gate_result(
+    name: str,
+    ref: dict[str, Any],
+    cand: dict[str, Any],
+    tol: dict[str, Any],
+    noise: dict[str, Any],
+    sens: dict[str, Any],
+) -> dict[str, Any]:
+    """The comparison file of one DCP gate: candidate (DCP > 1) against reference (DCP = 1)."""
+    atol = tol["atol_logprob"]
+    cmp = compare_passes(ref, cand, atol)
+    neg = negative_control(ref, cand, atol)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": GATE_KIND,
+        "name": name,
+        "base": cand.get("base"),
+        "checkpoint": cand.get("checkpoint"),
+        "dcp": {"reference": run_summary(ref), "candidate": run_summary(cand)},
+        "backend": {
+            "requested": cand.get("config", {}).get("backend"),
+            "kv_cache_dtype": cand.get("config", {}).get("kv_cache_dtype"),
+            "reference_used": used_backends(ref),
+            "candidate_used": used_backends(cand),
+        },
+        "tolerance": tol,
+        "noise_floor": noise,
+        "sensitivity": sens,
+        "prompts": cmp["prompts"],
+        "problems": cmp["problems"],
+        "max_abs_logprob_diff": cmp["max_abs_logprob_diff"],
+        "equivalent": cmp["equivalent"],
+        "negative_control": neg,
+        "negative_control_detected": neg["detected"],
+        "meaningful": bool(sens.get("sufficient")) and neg["detected"],
+        "timing_label": cand.get("transport"),
+    }
+
+
+def used_backends(run: dict[str, Any]) -> list[str]:
+    """The distinct backend/impl/kv-cache dtype triples the run's attention layers used."""
+    seen = set()
+    for rank in run.get("attention_layers") or []:
+        for layer in rank.get("layers", []):
+            seen.add(f"{layer['backend']}/{layer['impl']}/{layer['kv_cache_dtype']}")
+    return sorted(seen)
+
+
+def run_summary(run: dict[str, Any]) -> dict[str, Any]:
+    c = run.get("config", {})
+    return {
+        "name": run.get("name"),
+        "file": run.get("file"),
+        "ok": run.get("ok"),
+        "error": run.get("error"),
+        "tp": c.get("tp"),
+        "dcp": c.get("dcp"),
+        "graphs": c.get("graphs"),
+        "cudagraph_mode": run.get("cudagraph_mode"),
+        "transport": run.get("transport"),
+        "engine_start_s": run.get("engine_start_s"),
+        "command": run.get("command"),
+        "revision": run.get("revision"),
+        "machine": run.get("machine"),
+    }
+
+
+def validate(result: dict[str, Any]) -> list[str]:
+    """Schema problems of a gate comparison file (empty when it is well formed)."""
+    errors = [f"missing {k!r}" for k in REQUIRED_KEYS if k not in result]
+    if result.get("kind") != GATE_KIND:
+        errors.append(f"kind must be {GATE_KIND!r}")
+    dcp = result.get("dcp") or {}
+    for side in ("reference", "candidate"):
+        if side not in dcp:
+            errors.append(f"dcp lacks {side!r}")
+    tol = result.get("tolerance") or {}
+    if not isinstance(tol.get("atol_logprob"), (int, float)):
+        errors.append("tolerance.atol_logprob must be a number")
+    if not isinstance(result.get("equivalent"), bool):
+        errors.append("equivalent must be a bool")
+    if not isinstance(result.get("negative_control_detected"), bool):
+        errors.append("negative_control_detected must be a bool")
+    return errors

@@ -1,0 +1,280 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What one rank of a gate run does inside vLLM (started by scripts/dcp_gate.py).
+
+Every rank builds the same engine (vLLM's external_launcher is SPMD: each rank runs the
+same prompts), serves the passes of the configuration and writes its attention layers; rank 0
+also writes the tokens and top-k log-probs of every step.
+
+The negative control is a test-only fault injected from here, never shipped: before the
+engine is built, ``MLADCPManager.__init__`` is wrapped so that every DCP combine adds a
+per-layer 0-dim fp32 device tensor ``shift`` to this rank's partial LSE. The shift is 0.0
+(``x + 0.0 == x`` bit for bit, so clean passes are untouched) until the ``fault`` pass sets
+it to -1e4 on one DCP rank: that rank's partial output then gets weight exp(-1e4) = 0 in the
+LSE merge, i.e. it is dropped. Being a device tensor read by the kernel, the same switch
+works under CUDA graphs (captured once, replayed with whatever the tensor holds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from gate import plan
+
+FAULT_SHIFT = -1.0e4
+_SHIFTS: list[tuple[int, int, Any]] = []  # (dcp rank, dcp world size, shift tensor)
+
+
+def install_fault_hook() -> None:
+    from vllm.v1.attention.ops import dcp as dcp_ops
+
+    cls = dcp_ops.MLADCPManager
+    if getattr(cls, "_gate_fault_hook", False):
+        return
+    original = cls.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        import torch
+
+        shift = torch.zeros((), dtype=torch.float32, device=self.device)
+        combine = self.combine
+
+        def combine_with_fault(partial_output: Any, partial_lse: Any, **kw: Any) -> Any:
+            return combine(partial_output, partial_lse + shift, **kw)
+
+        self.combine = combine_with_fault
+        _SHIFTS.append((self.group.rank_in_group, self.group.world_size, shift))
+
+    cls.__init__ = init
+    cls._gate_fault_hook = True
+
+
+def set_fault(on: bool, fault_rank: int) -> dict[str, Any]:
+    import torch
+
+    hit = 0
+    for rank, world, shift in _SHIFTS:
+        faulty = on and rank == fault_rank % world
+        shift.fill_(FAULT_SHIFT if faulty else 0.0)
+        hit += faulty
+    torch.cuda.synchronize()
+    return {"hooked_layers": len(_SHIFTS), "faulted_layers_this_rank": hit}
+
+
+def attention_layers(model: Any) -> list[dict[str, Any]]:
+    """Every module with an attention backend: what it really runs."""
+    rows = []
+    for name, module in model.named_modules():
+        backend = getattr(module, "attn_backend", None)
+        if backend is None or not hasattr(backend, "get_name"):
+            continue
+        impl = getattr(module, "impl", None)
+        rows.append(
+            {
+                "module": name,
+                "layer": getattr(module, "layer_name", None) or getattr(module, "prefix", name),
+                "class": type(module).__name__,
+                "backend": backend.get_name(),
+                "impl": type(impl).__name__ if impl is not None else None,
+                "kv_cache_dtype": str(getattr(module, "kv_cache_dtype", None)),
+                "dcp_world_size": getattr(impl, "dcp_world_size", None),
+                "num_heads": getattr(impl, "num_heads", None),
+                "has_indexer": getattr(module, "indexer", None) is not None,
+                "fp8_use_mixed_batch": getattr(impl, "fp8_use_mixed_batch", None),
+            }
+        )
+    return rows
+
+
+def machine_info() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {
+        "hostname": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+    }
+    try:
+        import vllm
+
+        info["vllm"] = vllm.__version__
+        info["vllm_path"] = str(Path(vllm.__file__).parent)
+    except ImportError:
+        info["vllm"] = None
+    return info
+
+
+def engine_kwargs(cfg: plan.GateConfig) -> dict[str, Any]:
+    kw: dict[str, Any] = dict(
+        model=cfg.model,
+        skip_tokenizer_init=True,
+        seed=cfg.seed,
+        tensor_parallel_size=cfg.tp,
+        decode_context_parallel_size=cfg.dcp,
+        max_model_len=cfg.max_model_len,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_num_seqs=max(8, len(cfg.batch_lens)),
+        enforce_eager=not cfg.graphs,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
+        max_logprobs=cfg.logprobs,
+        enable_prefix_caching=False,  # repeated and faulted passes must recompute
+        disable_custom_all_reduce=True,
+        disable_log_stats=False,
+    )
+    if cfg.tp > 1:
+        kw["distributed_executor_backend"] = "external_launcher"
+    if cfg.backend:
+        kw["attention_backend"] = cfg.backend
+    if cfg.kv_cache_dtype:
+        kw["kv_cache_dtype"] = cfg.kv_cache_dtype
+    if cfg.graphs:
+        kw["compilation_config"] = {
+            "cudagraph_mode": "FULL_AND_PIECEWISE",
+            "cudagraph_capture_sizes": list(cfg.cudagraph_capture_sizes),
+        }
+    return kw
+
+
+def step_records(completion: Any) -> list[dict[str, Any]]:
+    if completion.logprobs is None:
+        raise RuntimeError("the engine returned no logprobs")
+    steps = []
+    for token, lps in zip(completion.token_ids, completion.logprobs, strict=True):
+        top = sorted(
+            ((int(t), float(v.logprob)) for t, v in lps.items()), key=lambda x: (-x[1], x[0])
+        )
+        steps.append({"token": int(token), "top": [[t, round(lp, 6)] for t, lp in top]})
+    return steps
+
+
+def request_timing(out: Any) -> dict[str, Any]:
+    m = getattr(out, "metrics", None)
+    got: dict[str, Any] = {}
+    for field in (
+        "first_token_latency",
+        "first_token_ts",
+        "last_token_ts",
+        "num_generation_tokens",
+    ):
+        v = getattr(m, field, None)
+        if isinstance(v, (int, float)):
+            got[field] = v
+    if (
+        "first_token_ts" in got
+        and "last_token_ts" in got
+        and got["last_token_ts"] > got["first_token_ts"]
+    ):
+        n = got.get("num_generation_tokens") or len(out.outputs[0].token_ids)
+        got["decode_tok_per_s"] = round((n - 1) / (got["last_token_ts"] - got["first_token_ts"]), 2)
+    return got
+
+
+def run_passes(llm: Any, cfg: plan.GateConfig, log: Any) -> tuple[dict, dict]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=cfg.max_tokens,
+        ignore_eos=True,
+        detokenize=False,
+        logprobs=cfg.logprobs,
+    )
+    prompts = plan.make_prompts(cfg)
+    passes: dict[str, dict] = {}
+    fault_info: dict[str, Any] = {}
+    for pass_name in cfg.passes:
+        if pass_name == "fault":
+            fault_info = set_fault(True, cfg.fault_rank) | {
+                "kind": "one DCP rank's partial output dropped from the LSE merge "
+                f"(its partial LSE shifted by {FAULT_SHIFT:g})",
+                "dcp_rank": cfg.fault_rank % cfg.dcp,
+            }
+        records: dict[str, Any] = {}
+        try:
+            for keys in plan.pass_groups(cfg, pass_name):
+                ids = [plan.prompt_for(k, prompts) for k in keys]
+                t0 = time.time()
+                outs = llm.generate([{"prompt_token_ids": x} for x in ids], params, use_tqdm=False)
+                dt = round(time.time() - t0, 3)
+                for key, x, out in zip(keys, ids, outs, strict=True):
+                    c = out.outputs[0]
+                    records[key] = {
+                        "prompt_len": len(x),
+                        "prompt_sha256": plan.prompt_digest(x),
+                        "tokens": [int(t) for t in c.token_ids],
+                        "steps": step_records(c),
+                        "group_s": dt,
+                        "group_size": len(keys),
+                        "timing": request_timing(out),
+                    }
+                first = records[keys[0]]["tokens"][:6]
+                log(f"{cfg.name} {pass_name} {keys} {dt}s first tokens {first}")
+        finally:
+            if pass_name == "fault":
+                set_fault(False, cfg.fault_rank)
+        passes[pass_name] = records
+    return passes, fault_info
+
+
+def main(config_path: str, out_dir: str) -> int:
+    cfg = plan.GateConfig.from_json(json.loads(Path(config_path).read_text()))
+    rank = int(os.environ.get("RANK", "0"))
+    out = Path(out_dir)
+
+    def log(msg: str) -> None:
+        print(f"[{cfg.name} r{rank} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    record: dict[str, Any] = {"rank": rank}
+    try:
+        from vllm import LLM
+
+        if cfg.dcp > 1:
+            install_fault_hook()
+        kw = engine_kwargs(cfg)
+        record["engine_kwargs"] = {k: v for k, v in kw.items()}
+        t0 = time.time()
+        llm = LLM(**kw)
+        record["engine_start_s"] = round(time.time() - t0, 1)
+        record["machine"] = machine_info()
+        log(f"engine up in {record['engine_start_s']} s")
+        record["attention_layers"] = llm.apply_model(attention_layers)[0]
+        try:
+            record["cudagraph_mode"] = str(
+                llm.llm_engine.vllm_config.compilation_config.cudagraph_mode
+            )
+        except AttributeError:
+            record["cudagraph_mode"] = None
+        record["fault_hook_layers"] = len(_SHIFTS)
+        passes, fault = run_passes(llm, cfg, log)
+        record.update(ok=True, passes=passes if rank == 0 else {}, fault=fault)
+    except Exception as e:  # recorded: a configuration that fails is evidence too
+        record.update(
+            ok=False,
+            error=f"{type(e).__name__}: {e}"[:2000],
+            traceback=traceback.format_exc()[-6000:],
+        )
+        log(record["error"])
+        try:
+            record.setdefault("machine", machine_info())
+        except Exception:  # noqa: BLE001 - the error above is what matters
+            pass
+    (out / f"{cfg.name}.rank{rank}.json").write_text(json.dumps(record) + "\n")
+    log("wrote rank record")
+    sys.stdout.flush()
+    # external_launcher ranks must not hang in NCCL teardown: leave at once
+    os._exit(0 if record["ok"] else 1)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.exit(main(sys.argv[1], sys.argv[2]))
