@@ -1,7 +1,7 @@
 # dcp-series: every target runs the tool from the repository venv .venv (`make setup`).
 #
 #   make wheel                 fetch the pins, apply + verify the series on build/vllm,
-#                              build dist/vllm-0.26.0+dcp.<digest>-...whl and dist/receipt.json
+#                              build dist/vllm-0.33.0+dcp.<digest>-...whl and dist/receipt.json
 #   make test                  lock check, tool tests, a fresh test venv with the overlay wheel
 #                              installed (pip), the proofs and the vLLM-tree tests against it
 #   make apply|verify VLLM=<path>   apply / verify the series on another vLLM tree
@@ -103,7 +103,7 @@ clean:
 #                        own tests run by EXPORT_PYTHON (vLLM + its test deps; default: the test
 #                        venv, whose series-patched files are overlaid per patch)
 #   make lint            also lints every patch: ruff with the base tree's config on the files it
-#                        touches (RUFF=<ruff>; vLLM 0.26.0 pins ruff 0.14.0), SPDX, stray prints
+#                        touches (RUFF=<ruff>; vLLM 0.33.0 pins ruff 0.14.0), SPDX, stray prints
 #   make rebase-report   dry-run rebase onto vllm==$(REBASE_ONTO) -> results/rebase-$(REBASE_ONTO).json
 EXPORT_PYTHON ?= $(abspath $(TESTPY))
 EXPORT_ARGS ?=
@@ -126,11 +126,12 @@ rebase-report: fetch
 # The patch-authoring repository (CONTRIBUTING.md): the pinned vLLM sdist, unpacked and committed
 # as one commit on branch `base` of build/vllm-git, so each patch is one commit of a worktree.
 DEV_REPO := build/vllm-git
+BASE_VERSION = $(shell sed -n 's/^requirement = "vllm==\(.*\)"/\1/p' pins.toml | head -n 1)
 dev-repo: fetch
 	@if [ -d $(DEV_REPO)/.git ]; then echo "$(DEV_REPO) exists"; else \
 	  PYTHONPATH=tools $(PY) -c 'import sys; from pathlib import Path; from patchset.fetch import unpack_sdist; unpack_sdist("vllm", Path(sys.argv[1]))' $(DEV_REPO) && \
 	  git -C $(DEV_REPO) init -q -b base && git -C $(DEV_REPO) add -f -A && \
 	  git -C $(DEV_REPO) -c user.name=dcp-series -c user.email=dcp-series@example.invalid \
-	    commit -q -m "vLLM 0.26.0 sdist (pristine, all files)" && \
+	    commit -q -m "vLLM $(BASE_VERSION) sdist (pristine, all files)" && \
 	  echo "$(DEV_REPO): branch base at $$(git -C $(DEV_REPO) rev-parse --short HEAD)"; fi
 .PHONY: dev-repo
