@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""CPU proofs for vllm/0012: V1 draft steps 2..k place draft KV like the target under DCP.
+"""CPU proofs for vllm/0011: V1 draft steps 2..k place draft KV like the target under DCP.
 
 The shipped Triton kernels run on CPU in Triton's interpreter: vLLM swaps Triton for a
 placeholder on a machine without a GPU driver, so this module points ``vllm.triton_utils``
@@ -7,7 +7,8 @@ at the real Triton (with ``TRITON_INTERPRET=1``) while it loads, by path from th
 tree, ``vllm/v1/spec_decode/utils.py`` (the draft-step kernel),
 ``vllm/v1/worker/block_table.py`` (the target's slot-mapping kernel, the reference rule)
 and ``vllm/v1/spec_decode/llm_base_proposer.py`` (the caller). Everything else comes from
-the installed vLLM 0.26.0.
+the installed vLLM 0.33.0. (The V2 half of the 0.26 patch is gone: 0.33.0's V2 speculator
+computes draft slots with the target's kernel and prepares DCP-local seq_lens itself.)
 """
 
 from __future__ import annotations
@@ -77,7 +78,6 @@ def _import_dependencies_first() -> None:
     placeholder and other proofs are unaffected)."""
     import vllm.v1.spec_decode.llm_base_proposer  # noqa: F401
     import vllm.v1.worker.block_table  # noqa: F401
-    import vllm.v1.worker.gpu.spec_decode.speculator  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -103,17 +103,15 @@ def _target_slots(k, positions, block_table, block_size, dcp, rank, interleave):
     one token per request."""
     num_reqs = positions.shape[0]
     slots = torch.full((num_reqs,), -7, dtype=torch.int64)
-    k.block_table._compute_slot_mapping_kernel[(num_reqs + 1,)](
+    k.block_table.ComputeSlotMappingKernel.kernel[(num_reqs + 1,)](
         num_reqs,
         num_reqs,
         torch.arange(num_reqs + 1, dtype=torch.int32),
         positions,
         block_table,
         block_table.stride(0),
-        block_size,
         slots,
         KV_CACHE_BLOCK_SIZE=block_size,
-        BLOCKS_PER_KV_BLOCK=1,
         TOTAL_CP_WORLD_SIZE=dcp,
         TOTAL_CP_RANK=rank,
         CP_KV_CACHE_INTERLEAVE_SIZE=interleave,
@@ -227,76 +225,12 @@ def test_proposer_draft_step_matches_target_under_dcp2(kernels, interleave):
             seq_lens=(pos + 1).to(torch.int32),
             slot_mapping=None,
             max_seq_len=10,
-            _seq_lens_cpu=None,
-            _num_computed_tokens_cpu=None,
             seq_lens_cpu_upper_bound=None,
             dcp_local_seq_lens=torch.tensor([99, 99]),
-            dcp_local_seq_lens_cpu=None,
+            dcp_local_seq_lens_cpu_upper_bound=None,
         )
         p._update_positions_dependent_metadata(pos, cad, 2, 2, block_size)
         expected = _target_slots(kernels, pos + 1, bt, block_size, dcp, rank, interleave)
         assert cad.slot_mapping.tolist() == expected.tolist()
         ref_local = kernels.get_dcp_local_seq_lens(pos + 2, dcp, rank, interleave)
         assert cad.dcp_local_seq_lens.tolist() == ref_local.tolist()
-
-
-@pytest.fixture(scope="module")
-def v2_speculator() -> SimpleNamespace:
-    _import_dependencies_first()
-    with _real_triton():
-        cp_utils = load_leaf("vllm/v1/worker/gpu/cp_utils.py")
-        with _as_module("vllm.v1.worker.gpu.cp_utils", cp_utils):
-            speculator = load_leaf("vllm/v1/worker/gpu/spec_decode/speculator.py")
-    return SimpleNamespace(cp_utils=cp_utils, speculator=speculator)
-
-
-@pytest.mark.parametrize("dcp,interleave", [(2, 1), (4, 1), (2, 16)])
-def test_v2_draft_steps_get_dcp_local_seq_lens(kernels, v2_speculator, dcp, interleave):
-    """On every DCP rank, the V2 speculator's draft-step attention metadata carries this
-    rank's share of the draft seq_lens (the shipped Triton kernel in the interpreter), so
-    the DSA indexer and the MLA backends run in DCP mode; padding rows get 0."""
-    module = v2_speculator.speculator
-    concrete = type(
-        "ConcreteSpeculator",
-        (module.DraftModelSpeculator,),
-        dict.fromkeys(
-            ["capture", "init_cudagraph_manager", "load_draft_model", "propose"],
-            lambda *args, **kwargs: None,
-        ),
-    )
-    seq_lens = [1, 17, 40, 333]
-    n, n_padded = len(seq_lens), 6
-    captured: list[dict] = []
-    saved = module.build_attn_metadata
-    module.build_attn_metadata = lambda **kw: captured.append(kw) or {}
-    try:
-        for rank in range(dcp):
-            spec = object.__new__(concrete)
-            spec.arange = torch.arange(9, dtype=torch.int32)
-            spec.input_buffers = SimpleNamespace(
-                query_start_loc=torch.arange(9, dtype=torch.int32),
-                seq_lens=torch.zeros(8, dtype=torch.int32),
-                dcp_local_seq_lens=torch.full((8,), -1, dtype=torch.int32),
-            )
-            spec.input_buffers.seq_lens[:n] = torch.tensor(seq_lens)
-            spec.block_tables = SimpleNamespace(
-                input_block_tables=[torch.zeros(8, 4, dtype=torch.int32)],
-                slot_mappings=torch.zeros(1, 64, dtype=torch.int64),
-                cp_size=dcp,
-                cp_rank=rank,
-                cp_interleave=interleave,
-            )
-            spec.attn_groups, spec.kv_cache_config = [], None
-            spec.draft_max_seq_len = 1024
-            spec._build_draft_attn_metadata(
-                num_reqs=n, num_reqs_padded=n_padded, num_tokens_padded=n_padded
-            )
-            local = captured[-1].get("dcp_local_seq_lens")
-            assert local is not None
-            ref = kernels.get_dcp_local_seq_lens(
-                torch.tensor(seq_lens, dtype=torch.int32), dcp, rank, interleave
-            )
-            assert local[:n].tolist() == ref.tolist()
-            assert local[n:n_padded].tolist() == [0, 0]
-    finally:
-        module.build_attn_metadata = saved
