@@ -487,9 +487,7 @@ class ReservedWorkspace:
     num_heads=st.sampled_from([4, 16, 20]),
     topk=st.sampled_from([64, 128, 200]),
 )
-def test_reserved_workspace_serves_every_default_launch(
-    tsm, seed, num_tokens, num_heads, topk
-):
+def test_reserved_workspace_serves_every_default_launch(tsm, seed, num_tokens, num_heads, topk):
     """With scratch reserved once by max_split_workspace_specs (then locked), every
     default launch of up to the reserved row count takes its split-KV partials from that
     reservation without growing it, and returns exactly what a launch with freshly
@@ -503,9 +501,7 @@ def test_reserved_workspace_serves_every_default_launch(
 def _check_reserved_workspace(tsm, seed, num_tokens, num_heads, topk):
     rng = np.random.default_rng(seed)
     records = tsm.quantize_fp8_ds_mla(make_kv(rng, 96))
-    q = torch.from_numpy(rng.standard_normal((num_tokens, num_heads, 576))).to(
-        torch.bfloat16
-    )
+    q = torch.from_numpy(rng.standard_normal((num_tokens, num_heads, 576))).to(torch.bfloat16)
     idx = torch.from_numpy(rng.integers(-1, 96, size=(num_tokens, topk)).astype(np.int32))
     cpu = torch.device("cpu")
     workspace = ReservedWorkspace(tsm.max_split_workspace_specs(9, num_heads, topk, cpu))
