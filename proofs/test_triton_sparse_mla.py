@@ -525,3 +525,22 @@ def test_reserved_workspace_proof_covers_split_launches(tsm):
         assert tsm.plan_sparse_mla(1, 16, 128, cpu).num_splits == 2
         assert tsm.plan_sparse_mla(8, 16, 128, cpu).num_splits == 1
         assert tsm.max_split_workspace_specs(9, 16, 128, cpu) != []
+
+
+def test_split_query_reads_the_same_bits(tsm):
+    """The query as (q_nope, q_pe) parts with their own strides, as the MLA layer passes it
+    without DCP, gives exactly the result of the concatenated [T, H, 576] query."""
+    rng = np.random.default_rng(7)
+    records = tsm.quantize_fp8_ds_mla(make_kv(rng, 64))
+    q = torch.from_numpy(rng.standard_normal((3, 20, 576))).to(torch.bfloat16)
+    idx = torch.from_numpy(rng.integers(-1, 64, size=(3, 80)).astype(np.int32))
+    q_nope = q[..., :512].transpose(0, 1).contiguous().transpose(0, 1)  # heads-major
+    q_pe = q[..., 512:].clone()
+    for splits in (1, 3):
+        o1, l1 = tsm.sparse_mla_fp8_ds_mla_attention(
+            q, records, idx, 0.05, num_splits=splits, block_n=16
+        )
+        o2, l2 = tsm.sparse_mla_fp8_ds_mla_attention(
+            (q_nope, q_pe), records, idx, 0.05, num_splits=splits, block_n=16
+        )
+        assert torch.equal(o1, o2) and torch.equal(l1, l2)
