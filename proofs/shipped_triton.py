@@ -87,3 +87,57 @@ def load_shipped_triton(
             else:
                 sys.modules[key] = value
     return module
+
+
+def load_shipped_triton_with_vllm(relpath: str) -> ModuleType:
+    """Execute ``relpath`` of the patched tree like ``load_shipped_triton``, but with its other
+    ``vllm`` imports resolved to the installed vLLM (same pinned version as the tree's base).
+
+    For modules that import much of vLLM (e.g. ``vllm/v1/attention/ops/dcp.py`` in 0.33).
+    ``vllm.triton_utils`` is the real, interpreted Triton while the file and the vLLM modules
+    it pulls in first are imported; it is restored afterwards (modules imported meanwhile keep
+    the real Triton, which is what they would get on a GPU host). Fails when vLLM is missing.
+    """
+    import pytest
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.fail("shipped Triton kernels run on CPU only with TRITON_INTERPRET=1")
+    path = patched_tree() / relpath
+    if not path.is_file():
+        pytest.fail(f"{path} not found: run `make apply` (or set DCP_VLLM_TREE) first")
+    name = "dcp_shipped_vllm_" + relpath.removesuffix(".py").replace("/", "_")
+    if name in sys.modules:
+        return sys.modules[name]
+    try:
+        import vllm
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        pytest.fail(f"{relpath} needs an installed vLLM: {e}")
+
+    triton_utils = types.ModuleType("vllm.triton_utils")
+    triton_utils.triton = triton
+    triton_utils.tl = tl
+    triton_utils.HAS_TRITON = True
+    saved_module = sys.modules.get("vllm.triton_utils")
+    saved_attr = getattr(vllm, "triton_utils", None)
+    try:
+        sys.modules["vllm.triton_utils"] = triton_utils
+        vllm.triton_utils = triton_utils
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+    finally:
+        if saved_module is None:
+            sys.modules.pop("vllm.triton_utils", None)
+        else:
+            sys.modules["vllm.triton_utils"] = saved_module
+        if saved_attr is None:
+            vars(vllm).pop("triton_utils", None)
+        else:
+            vllm.triton_utils = saved_attr
+    return module

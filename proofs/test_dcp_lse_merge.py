@@ -3,10 +3,16 @@
 
 Under DCP each rank attends (all heads) over the records it owns and returns a partial output
 and its softmax LSE; an empty rank returns LSE -inf. The merge must equal attention over the
-union of the records. Both shipped merges are run on CPU under the Triton interpreter:
-AG+RS (``correct_attn_out`` of ``v1/attention/ops/common.py``: every rank rescales its own
-output with the all-gathered LSEs, the reduce-scatter sums) and A2A (``dcp_alltoall.py``'s pack
-and unpack-combine kernels around a simulated all-to-all).
+union of the records. Both shipped merges are run on CPU under the Triton interpreter, from
+``vllm/v1/attention/ops/dcp.py`` (vLLM 0.33.0, where the DCP merges moved): AG+RS
+(``CorrectAttnCPOutKernel``: every rank rescales its own output with the all-gathered LSEs, the
+reduce-scatter sums) and A2A (``_dcp_a2a_pack_send`` / ``_dcp_a2a_unpack_combine`` around a
+simulated all-to-all).
+
+0.33 launches the AG+RS kernel through ``VllmTritonJitKernel`` (JIT warm-up machinery) whose
+launcher reads ``JITFunction.constexprs``, which the interpreter's function lacks; the proof
+launches the shipped ``CorrectAttnCPOutKernel.kernel`` with the arguments that
+``CorrectAttnCPOutKernel.__call__`` and ``correct_attn_out`` compute (``correct_attn_out`` below).
 """
 
 from __future__ import annotations
@@ -17,21 +23,34 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shipped_triton import load_shipped_triton
+from shipped_triton import load_shipped_triton_with_vllm
 
-COMMON = "vllm/v1/attention/ops/common.py"
-A2A = "vllm/v1/attention/ops/dcp_alltoall.py"
+DCP = "vllm/v1/attention/ops/dcp.py"
 SETTINGS = settings(max_examples=20, deadline=None)
 
 
-class _GroupCoordinator:
-    """Stand-in for the annotation-only import of common.py."""
+def load_dcp():
+    return load_shipped_triton_with_vllm(DCP)
 
 
-def load_common():
-    return load_shipped_triton(
-        COMMON, {"vllm.distributed.parallel_state": {"GroupCoordinator": _GroupCoordinator}}
+def correct_attn_out(dcp, out, lses, cp_rank, is_lse_base_on_e=True):
+    """``dcp.correct_attn_out`` for 3-D inputs, launching the shipped kernel directly."""
+    num_tokens, num_heads, head_dim = out.shape
+    _, l_sb, l_sh = lses.stride()
+    lse = torch.empty_strided((num_tokens, num_heads), (l_sb, l_sh), dtype=lses.dtype)
+    dcp.CorrectAttnCPOutKernel.kernel[(num_tokens, num_heads, 1)](
+        out,
+        out,
+        lses,
+        lse,
+        *out.stride(),
+        *lses.stride(),
+        cp_rank,
+        HEAD_DIM=head_dim,
+        N_ROUNDED=lses.shape[0],
+        IS_BASE_E=is_lse_base_on_e,
     )
+    return out, lse
 
 
 @st.composite
@@ -103,16 +122,14 @@ def test_ag_rs_merge_equals_attention_over_the_union(case, base_e, empty_out):
     even NaN), correcting each rank's output with the gathered LSEs (shipped
     correct_attn_out) and summing over ranks equals attention over the union of the records,
     and the returned LSE is the union's (base e or 2)."""
-    common = load_common()
+    dcp = load_dcp()
     fill = float("nan") if empty_out == "nan" else empty_out
     outs, lses, ref_out, ref_lse = partial_attention(case, base_e, fill)
     gathered = torch.stack(lses)
     total = torch.zeros_like(outs[0])
     rank_lses = []
     for rank, out in enumerate(outs):
-        corrected, lse = common.correct_attn_out(
-            out.clone(), gathered, rank, None, is_lse_base_on_e=base_e
-        )
+        corrected, lse = correct_attn_out(dcp, out.clone(), gathered, rank, base_e)
         total += corrected  # the reduce-scatter's sum over ranks
         rank_lses.append(lse)
     for lse in rank_lses:
@@ -127,7 +144,7 @@ def test_a2a_merge_equals_attention_over_the_union(case, base_e):
     attention over the union of the records and the union's LSE."""
     # Unlike AG+RS, the A2A combine multiplies an empty rank's output by a zero weight, so a NaN
     # there propagates: attention kernels must write 0 (not garbage) for rows with no records.
-    a2a = load_shipped_triton(A2A)
+    a2a = load_dcp()
     outs, lses, ref_out, ref_lse = partial_attention(case, base_e, 0.0)
     n = len(outs)
     b, h, d = outs[0].shape
@@ -147,10 +164,10 @@ def test_a2a_merge_equals_attention_over_the_union(case, base_e):
 
 def test_all_ranks_empty_gives_zero_output_and_minus_inf_lse():
     """A row no rank has records for merges to output 0 and LSE -inf (AG+RS)."""
-    common = load_common()
+    dcp = load_dcp()
     lses = torch.full((4, 2, 3), float("-inf"))
     out = torch.full((2, 3, 8), float("nan"))
-    corrected, lse = common.correct_attn_out(out, lses, 1, None)
+    corrected, lse = correct_attn_out(dcp, out, lses, 1)
     assert (corrected == 0).all()
     assert (lse == float("-inf")).all()
 
@@ -158,11 +175,11 @@ def test_all_ranks_empty_gives_zero_output_and_minus_inf_lse():
 @pytest.mark.parametrize("base_e", [True, False])
 def test_single_nonempty_rank_passes_through(base_e):
     """With one non-empty rank the merged output is that rank's output, bit for bit."""
-    common = load_common()
+    dcp = load_dcp()
     gen = torch.Generator().manual_seed(0)
     lses = torch.full((2, 3, 4), float("-inf"))
     lses[1] = torch.randn((3, 4), generator=gen)
     out = torch.randn((3, 4, 8), generator=gen)
-    corrected, lse = common.correct_attn_out(out.clone(), lses, 1, None, is_lse_base_on_e=base_e)
+    corrected, lse = correct_attn_out(dcp, out.clone(), lses, 1, base_e)
     assert torch.equal(corrected, out)
     assert torch.equal(lse, lses[1])

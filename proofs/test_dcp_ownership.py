@@ -6,6 +6,13 @@ Token ``t`` of a request lives on DCP rank ``(t // I) % N`` at local position
 winner ids; ``triton_filter_and_convert_dcp_index`` (``sparse_utils.py``, run here under the
 Triton interpreter) must keep exactly the winners the rank owns, at the physical slot its block
 table gives for the local position, and drop the rest.
+
+vLLM 0.33.0: ``sparse_utils.py`` imports much of vLLM (config, JIT warm-up helpers), so it is
+loaded with ``load_shipped_triton_with_vllm`` (the installed 0.33.0 wheel for those imports, the
+real interpreted Triton for ``vllm.triton_utils``). With one rank the filter delegates to
+``triton_convert_req_index_to_global_index``, which compacts the kept slots to the front whenever
+it counts them (0.26.0 kept them in place). ``dcp_topk_merge.py`` is the indexer DCP top-k patch's
+module (vllm/0005): the two proofs that use it fail, by design, on a tree without that patch.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import torch
 from conftest import load_leaf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from shipped_triton import load_shipped_triton
+from shipped_triton import load_shipped_triton_with_vllm
 
 SPARSE_UTILS = "vllm/v1/attention/backends/mla/sparse_utils.py"
 TOPK_MERGE = "vllm/v1/attention/ops/dcp_topk_merge.py"
@@ -73,7 +80,7 @@ def test_every_global_winner_is_kept_by_exactly_one_rank_at_its_local_slot(layou
     """For any N, I, lengths and global winner rows, the shipped filter keeps each winner on
     exactly its owner rank (t // I) % N, at block_table[local // B] * B + local % B with
     local = (t // (N*I))*I + t % I, keeps nothing else, and reports the owned count."""
-    su = load_shipped_triton(SPARSE_UTILS)
+    su = load_shipped_triton_with_vllm(SPARSE_UTILS)
     n, interleave, block_size, block_n, topk, lengths, blocks_per_req, rows, seed = layout
     tables = block_tables(n, len(lengths), blocks_per_req, seed)
     req_id = torch.tensor([req for req, _ in rows], dtype=torch.int32)
@@ -107,11 +114,12 @@ def test_every_global_winner_is_kept_by_exactly_one_rank_at_its_local_slot(layou
             got = [s for s in out[r].tolist() if s >= 0]
             assert sorted(got) == sorted(expected)
             assert int(counts[r]) == len(owned)
-            if compact and n > 1:
-                # Compacted: the kept slots are a prefix of the row.
+            if compact or n == 1:
+                # Compacted (always for N == 1, which counts): the kept slots are a prefix.
                 assert all(s >= 0 for s in out[r, : len(owned)].tolist())
+                assert all(s == -1 for s in out[r, len(owned) :].tolist())
             else:
-                # In place (and always for N == 1): column j holds row[j]'s slot or -1.
+                # In place: column j holds row[j]'s slot or -1.
                 for j, t in enumerate(row):
                     if t >= 0 and owner(t, n, interleave) == rank:
                         local = local_position(t, n, interleave)
@@ -162,7 +170,7 @@ def test_indexer_merge_output_feeds_the_filter(n, k_tiles, lengths, seed):
     """End to end with interleave 1: per-rank local top-k -> packed candidates -> merged global
     ids (the indexer's output buffer) -> shipped filter on each rank keeps, over all ranks,
     exactly the brute-force global top-k, each winner once, at its owner's slot."""
-    su = load_shipped_triton(SPARSE_UTILS)
+    su = load_shipped_triton_with_vllm(SPARSE_UTILS)
     merge = load_leaf(TOPK_MERGE)
     block_n, block_size = 16, 8
     topk = block_n * k_tiles

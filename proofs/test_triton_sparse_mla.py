@@ -2,8 +2,8 @@
 """CPU proofs for the Triton sparse-MLA kernel over ``fp8_ds_mla`` records.
 
 Shipped code: ``vllm/v1/attention/ops/triton_sparse_mla.py`` (patch
-``vllm/0002-kernel-triton-sparse-mla-fp8-ds-mla.patch``), run under Triton's
-interpreter (``TRITON_INTERPRET=1``) on small shapes.
+``vllm/0002-kernel-triton-sparse-mla-fp8-ds-mla.patch`` on vLLM 0.33.0), run under
+Triton's interpreter (``TRITON_INTERPRET=1``) on small shapes.
 
 The reference here is independent of the module: records are decoded bit by bit
 (e4m3 table built from the format definition, fp32 scales and bf16 RoPE read with
@@ -30,9 +30,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from conftest import load_leaf  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from shipped_triton import load_shipped_triton  # noqa: E402
 
 LEAF = "vllm/v1/attention/ops/triton_sparse_mla.py"
 RECORD = 656
@@ -52,7 +52,9 @@ SETTINGS = settings(
 def tsm():
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.fail("these proofs need TRITON_INTERPRET=1 set before triton is imported")
-    return load_leaf(LEAF)
+    # The module imports Triton through vllm.triton_utils (vLLM's pre-commit requires
+    # it); load_shipped_triton resolves that to the real, interpreted Triton.
+    return load_shipped_triton(LEAF)
 
 
 # ---------------------------------------------------------------------------
@@ -445,3 +447,100 @@ def test_rejects_wrong_shapes(tsm):
         tsm.sparse_mla_fp8_ds_mla_attention(
             q, cache, idx, 1.0, valid_counts=torch.zeros(3, dtype=torch.int32)
         )
+
+
+class ReservedWorkspace:
+    """Stand-in for vLLM's WorkspaceManager after warm-up: one flat buffer reserved up
+    front, then locked; ``get_simultaneous`` hands out views of it (256-byte aligned, as
+    the manager does) and fails instead of growing."""
+
+    def __init__(self, specs):
+        self.capacity = self._layout(specs)[-1]
+        self.buffer = torch.full((self.capacity,), 0xFF, dtype=torch.uint8)  # NaN fill
+        self.requests = []
+
+    @staticmethod
+    def _layout(specs):
+        ends, offset = [], 0
+        for shape, dtype in specs:
+            offset = -(-offset // 256) * 256
+            offset += math.prod(shape) * dtype.itemsize
+            ends.append(offset)
+        return ends or [0]
+
+    def get_simultaneous(self, *specs):
+        self.requests.append(list(specs))
+        assert self._layout(specs)[-1] <= self.capacity, "locked workspace would grow"
+        views, offset = [], 0
+        for shape, dtype in specs:
+            offset = -(-offset // 256) * 256
+            size = math.prod(shape) * dtype.itemsize
+            views.append(self.buffer[offset : offset + size].view(dtype).view(shape))
+            offset += size
+        return views
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    num_tokens=st.integers(1, 9),
+    num_heads=st.sampled_from([4, 16, 20]),
+    topk=st.sampled_from([64, 128, 200]),
+)
+def test_reserved_workspace_serves_every_default_launch(tsm, seed, num_tokens, num_heads, topk):
+    """With scratch reserved once by max_split_workspace_specs (then locked), every
+    default launch of up to the reserved row count takes its split-KV partials from that
+    reservation without growing it, and returns exactly what a launch with freshly
+    allocated scratch returns."""
+    with pytest.MonkeyPatch.context() as mp:
+        # A 4-SM device: rows 1..7 of <= 16 heads split the top-k range.
+        mp.setattr(tsm, "_device_info", lambda device: (4, 0))
+        _check_reserved_workspace(tsm, seed, num_tokens, num_heads, topk)
+
+
+def _check_reserved_workspace(tsm, seed, num_tokens, num_heads, topk):
+    rng = np.random.default_rng(seed)
+    records = tsm.quantize_fp8_ds_mla(make_kv(rng, 96))
+    q = torch.from_numpy(rng.standard_normal((num_tokens, num_heads, 576))).to(torch.bfloat16)
+    idx = torch.from_numpy(rng.integers(-1, 96, size=(num_tokens, topk)).astype(np.int32))
+    cpu = torch.device("cpu")
+    workspace = ReservedWorkspace(tsm.max_split_workspace_specs(9, num_heads, topk, cpu))
+    plan = tsm.plan_sparse_mla(num_tokens, num_heads, topk, cpu)
+    o1, l1 = tsm.sparse_mla_fp8_ds_mla_attention(
+        q, records, idx, 0.05, get_workspace=workspace.get_simultaneous
+    )
+    o2, l2 = tsm.sparse_mla_fp8_ds_mla_attention(q, records, idx, 0.05)
+    expected = [tsm.split_workspace_specs(num_tokens, num_heads, plan.num_splits)]
+    assert workspace.requests == (expected if plan.num_splits > 1 else [])
+    assert torch.equal(o1, o2)
+    assert torch.equal(l1, l2)
+
+
+def test_reserved_workspace_proof_covers_split_launches(tsm):
+    """The device the workspace proof fakes does split small launches (so that proof is
+    not vacuous) and stops splitting once the rows fill it."""
+    cpu = torch.device("cpu")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tsm, "_device_info", lambda device: (4, 0))
+        assert tsm.plan_sparse_mla(1, 16, 128, cpu).num_splits == 2
+        assert tsm.plan_sparse_mla(8, 16, 128, cpu).num_splits == 1
+        assert tsm.max_split_workspace_specs(9, 16, 128, cpu) != []
+
+
+def test_split_query_reads_the_same_bits(tsm):
+    """The query as (q_nope, q_pe) parts with their own strides, as the MLA layer passes it
+    without DCP, gives exactly the result of the concatenated [T, H, 576] query."""
+    rng = np.random.default_rng(7)
+    records = tsm.quantize_fp8_ds_mla(make_kv(rng, 64))
+    q = torch.from_numpy(rng.standard_normal((3, 20, 576))).to(torch.bfloat16)
+    idx = torch.from_numpy(rng.integers(-1, 64, size=(3, 80)).astype(np.int32))
+    q_nope = q[..., :512].transpose(0, 1).contiguous().transpose(0, 1)  # heads-major
+    q_pe = q[..., 512:].clone()
+    for splits in (1, 3):
+        o1, l1 = tsm.sparse_mla_fp8_ds_mla_attention(
+            q, records, idx, 0.05, num_splits=splits, block_n=16
+        )
+        o2, l2 = tsm.sparse_mla_fp8_ds_mla_attention(
+            (q_nope, q_pe), records, idx, 0.05, num_splits=splits, block_n=16
+        )
+        assert torch.equal(o1, o2) and torch.equal(l1, l2)

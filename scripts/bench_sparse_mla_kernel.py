@@ -1,9 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """Benchmark the Triton sparse-MLA kernel (fp8_ds_mla records) against FlashMLA-sparse.
 
-Runs on one GPU with the pinned vLLM 0.26.0 wheel importable (stock tree: FlashMLA's
-sparse fp8 decode kernel, called as FlashMLASparseImpl._fp8_flash_mla_kernel calls it) and
-the patched kernel file loaded by path (--kernel-path), so the shipped file is what runs.
+Runs on one GPU with the pinned vLLM wheel importable (0.33.0 today; FlashMLA's sparse fp8
+decode kernel from vllm.v1.attention.ops.flashmla, called as FlashMLASparseImpl calls it) and
+the patched kernel file loaded by path (--kernel-path), so the shipped file is what runs. On
+0.33 the kernel imports Triton through vllm.triton_utils, so vLLM must be importable.
+
+Reviewer command (one H200, patched tree at $TREE, from the dcp-series checkout):
+    python scripts/bench_sparse_mla_kernel.py \
+        --kernel-path $TREE/vllm/v1/attention/ops/triton_sparse_mla.py \
+        --git-rev $(git rev-parse --short HEAD) --out results/kernel-bench-h200-0.33.0.json
+Not yet run on 0.33.0: results/kernel-bench-h200.json is the vLLM 0.26.0 run.
 
 Same inputs, same run, for both kernels:
   * decode: batch 1..64 rows, 16 and 64 heads, top-k 2048 over a 1M-token cache
@@ -229,6 +236,7 @@ def decode_case(kern, fm, batch, heads, cache, num_slots, num_sms, args, errors,
             row["speed_ratio_default"] = statistics.median(all_fm) / statistics.median(all_default)
             if best is not None:
                 row["speed_ratio_flashmla_over_triton"] = fm_ms / best["ms"]
+                row["speed_over_flashmla"] = row["speed_ratio_flashmla_over_triton"]
                 row["maxdiff_out_triton_vs_flashmla"] = max_diff(ours_out, fm_out)
                 row["maxdiff_lse_triton_vs_flashmla"] = max_diff(ours_lse, fm_lse)
                 row["maxdiff_lse_triton_log2e_vs_flashmla"] = max_diff(
@@ -449,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         import vllm
 
         result["machine"]["vllm"] = vllm.__version__
+        result["base"] = f"vllm {vllm.__version__}"
         fm: FlashMLA | None = FlashMLA()
     except Exception as exc:
         errors.append(f"FlashMLA unavailable: {exc!r}")
