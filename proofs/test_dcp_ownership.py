@@ -20,13 +20,12 @@ from __future__ import annotations
 import random
 
 import torch
-from conftest import load_leaf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from shipped_triton import load_shipped_triton_with_vllm
+from shipped_triton import load_shipped_triton, load_shipped_triton_with_vllm
 
 SPARSE_UTILS = "vllm/v1/attention/backends/mla/sparse_utils.py"
-TOPK_MERGE = "vllm/v1/attention/ops/dcp_topk_merge.py"
+TOPK_MERGE = "vllm/model_executor/kernels/attention/dsa/dcp_topk_merge.py"
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -147,7 +146,7 @@ def test_local_to_global_is_the_inverse_of_ownership(n, interleave, length):
     """The indexer's rank-local -> global id map (used to pack candidates) is the inverse of
     ownership: local position p on rank r maps to the t with owner r and local position p,
     and the ranks' images partition [0, length)."""
-    merge = load_leaf(TOPK_MERGE)
+    merge = load_shipped_triton(TOPK_MERGE)
     seen: list[int] = []
     for rank in range(n):
         owned = [t for t in range(length) if owner(t, n, interleave) == rank]
@@ -171,7 +170,7 @@ def test_indexer_merge_output_feeds_the_filter(n, k_tiles, lengths, seed):
     ids (the indexer's output buffer) -> shipped filter on each rank keeps, over all ranks,
     exactly the brute-force global top-k, each winner once, at its owner's slot."""
     su = load_shipped_triton_with_vllm(SPARSE_UTILS)
-    merge = load_leaf(TOPK_MERGE)
+    merge = load_shipped_triton(TOPK_MERGE)
     block_n, block_size = 16, 8
     topk = block_n * k_tiles
     gen = torch.Generator().manual_seed(seed)

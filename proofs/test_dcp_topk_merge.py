@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The DCP global top-k merge (``dcp_topk_merge.py``, the exact PyTorch backend) is the top-k
-over the concatenated scores, with ties broken deterministically.
+"""The DCP global top-k merge (``dcp_topk_merge.py``: the exact torch reference and the Triton
+pack + select kernels) is the top-k over the concatenated scores, with ties broken as the
+CuteDSL stable top-k breaks them.
 
 Order (that of the CuteDSL selector's 64-bit key ``ordered(bits(score)) << 32 | ~id``): score
 descending as a total order on fp32 bit patterns (``+0.0`` above ``-0.0``), then token id
@@ -9,7 +10,9 @@ Exactness needs each rank's local top-k to use the same order on its own tokens 
 winner is always among its owner's local candidates). With any other local tie order the merged
 row still holds the global top-k's multiset of scores, only the ids among equal scores at the
 boundary may differ; and the ranks agree on the result whatever their local order, because the
-selection depends only on the multiset of gathered candidates.
+selection depends only on the multiset of gathered candidates. The Triton kernels run under the
+Triton interpreter (``TRITON_INTERPRET=1``), loaded from the patched tree by
+``shipped_triton.load_shipped_triton``.
 """
 
 from __future__ import annotations
@@ -18,12 +21,20 @@ import random
 import struct
 
 import torch
-from conftest import load_leaf
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shipped_triton import load_shipped_triton
 
-TOPK_MERGE = "vllm/v1/attention/ops/dcp_topk_merge.py"
+TOPK_MERGE = "vllm/model_executor/kernels/attention/dsa/dcp_topk_merge.py"
 SETTINGS = settings(max_examples=150, deadline=None)
+# Each interpreted Triton launch costs ~0.1-0.5 s on the 2-core machine.
+TRITON_SETTINGS = settings(max_examples=40, deadline=None)
+
+
+def load_leaf(relpath: str):
+    """The shipped merge module, its Triton kernels on the interpreter."""
+    return load_shipped_triton(relpath)
+
 
 # Scores with many ties, signed zeros and infinities.
 SCORES = st.sampled_from([float("-inf"), -2.0, -0.5, -0.0, 0.0, 0.5, 1.0, 3.0, float("inf")])
@@ -69,7 +80,16 @@ def local_topk(
 
 
 def gather_candidates(
-    merge, n, interleave, k, width, rows, lengths, row_offsets, ties: random.Random | None = None
+    merge,
+    n,
+    interleave,
+    k,
+    width,
+    rows,
+    lengths,
+    row_offsets,
+    ties: random.Random | None = None,
+    pack: str = "torch",
 ):
     """Every rank's packed (score, global id) candidates, concatenated in rank order."""
     packed = []
@@ -94,7 +114,9 @@ def gather_candidates(
             logits = wide
             starts = torch.arange(len(rows), dtype=torch.int32) * shift
         buf = torch.empty((len(rows), k, 2))
-        merge.pack_dcp_topk_candidates_torch(logits, topk, buf, rank, n, interleave, starts)
+        getattr(merge, f"pack_dcp_topk_candidates_{pack}")(
+            logits, topk, buf, rank, n, interleave, starts
+        )
         packed.append(buf)
     return torch.cat(packed, dim=1)
 
@@ -191,3 +213,115 @@ def test_row_chunking_and_short_candidate_lists(rows, candidates, k, chunk, seed
         best = [i for _, i in sorted(cands, key=lambda c: rank_order(c[0], c[1]))]
         expected = (best + [-1] * k)[:k]
         assert whole[r].tolist() == expected
+
+
+def assert_triton_row_layout(triton_row: list[int], torch_row: list[int]) -> None:
+    """The Triton selector writes the torch selection's ids (as a set), then -1."""
+    valid = [t for t in triton_row if t >= 0]
+    assert triton_row == valid + [-1] * (len(triton_row) - len(valid))
+    assert sorted(valid) == sorted(t for t in torch_row if t >= 0)
+
+
+@TRITON_SETTINGS
+@given(case=sharded_rows())
+def test_triton_merge_equals_topk_over_concatenated_scores(case):
+    """With the Triton pack and the Triton selector, merging the ranks' local top-k candidates
+    selects exactly the first k tokens of the whole row in (score desc, id asc) order (as a
+    set, valid ids first), for generated ranks, interleaves, k, tie-heavy scores with +-0 and
+    +-inf, short rows and row offsets; the Triton pack equals the torch pack bit for bit."""
+    merge = load_leaf(TOPK_MERGE)
+    n, interleave, k, width, rows, lengths, row_offsets = case
+    gathered = gather_candidates(
+        merge, n, interleave, k, width, rows, lengths, row_offsets, pack="triton"
+    )
+    reference = gather_candidates(merge, n, interleave, k, width, rows, lengths, row_offsets)
+    assert torch.equal(gathered.view(torch.int32), reference.view(torch.int32))
+    merged = merge.stable_topk_from_gathered_candidates_triton(gathered, k)
+    for r, (row, length) in enumerate(zip(rows, lengths, strict=True)):
+        best = sorted(range(length), key=lambda t: rank_order(row[t], t))[:k]
+        assert_triton_row_layout(merged[r].tolist(), best + [-1] * (k - len(best)))
+
+
+@st.composite
+def raw_candidates(draw):
+    """Gathered rows straight from bit patterns: NaNs, signed zeros, infinities, denormals,
+    duplicated (score, id) pairs, padding anywhere, k above or below the candidate count."""
+    rows = draw(st.integers(1, 3))
+    candidates = draw(st.integers(1, 70))
+    k = draw(st.integers(1, 80))
+    special = [0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFFFFFFF, 1]
+    bit = st.one_of(st.sampled_from(special), st.integers(0, 2**32 - 1))
+    small = st.sampled_from([0x3F800000, 0x40000000, 0xBF800000, 0x00000000])
+    bits = [
+        draw(st.lists(st.one_of(bit, small), min_size=candidates, max_size=candidates))
+        for _ in range(rows)
+    ]
+    ids = [
+        draw(st.lists(st.integers(-1, 40), min_size=candidates, max_size=candidates))
+        for _ in range(rows)
+    ]
+    return rows, candidates, k, bits, ids
+
+
+@TRITON_SETTINGS
+@given(case=raw_candidates())
+def test_triton_select_equals_the_torch_reference_on_any_bits(case):
+    """For any fp32 bit patterns and ids (duplicates and -1 anywhere), the Triton selector
+    picks the same multiset of ids as the torch reference, i.e. the k largest CuteDSL keys."""
+    merge = load_leaf(TOPK_MERGE)
+    rows, candidates, k, bits, ids = case
+    gathered = torch.empty((rows, candidates, 2))
+    gathered[..., 0] = torch.tensor(bits, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    gathered[..., 1] = torch.tensor(ids, dtype=torch.float32)
+    ref = merge.stable_topk_from_gathered_candidates_torch(gathered, k)
+    got = merge.stable_topk_from_gathered_candidates_triton(gathered, k)
+    for r in range(rows):
+        assert_triton_row_layout(got[r].tolist(), ref[r].tolist())
+        # The reference itself is the k largest keys, written in key order.
+        keys = sorted(
+            (
+                0
+                if i < 0
+                else ((b ^ (0xFFFFFFFF if b >> 31 else 0x80000000)) << 32) | (~i & 0xFFFFFFFF)
+                for b, i in zip(bits[r], ids[r], strict=True)
+            ),
+            reverse=True,
+        )[:k]
+        expected = [-1 if key == 0 else (~key) & 0xFFFFFFFF for key in keys]
+        assert ref[r].tolist() == expected + [-1] * (k - len(expected))
+
+
+@TRITON_SETTINGS
+@given(case=sharded_rows(), data=st.data())
+def test_triton_merge_depends_only_on_the_candidate_multiset(case, data):
+    """Permuting the gathered candidates changes at most the order of the Triton selector's
+    valid ids, never the selected set, so every rank selects the same ids."""
+    merge = load_leaf(TOPK_MERGE)
+    n, interleave, k, width, rows, lengths, row_offsets = case
+    gathered = gather_candidates(merge, n, interleave, k, width, rows, lengths, row_offsets)
+    perm = data.draw(st.permutations(range(gathered.shape[1])))
+    permuted = gathered[:, torch.tensor(perm, dtype=torch.long)].contiguous()
+    a = merge.stable_topk_from_gathered_candidates_triton(gathered, k)
+    b = merge.stable_topk_from_gathered_candidates_triton(permuted, k)
+    assert torch.equal(a.sort(dim=1).values, b.sort(dim=1).values)
+
+
+def test_triton_select_writes_a_strided_view_and_rejects_oversized_rows():
+    """The selector writes into a column slice of a wider buffer (the indexer's top-k buffer)
+    without touching the other columns, and refuses rows beyond its register budget."""
+    merge = load_leaf(TOPK_MERGE)
+    gathered = torch.randn((3, 24, 2))
+    gathered[..., 1] = torch.arange(24).float()
+    buffer = torch.full((3, 12), 123, dtype=torch.int32)
+    merge.stable_topk_from_gathered_candidates_triton(gathered, 8, out=buffer[:, :8])
+    assert (buffer[:, 8:] == 123).all()
+    ref = merge.stable_topk_from_gathered_candidates_torch(gathered, 8)
+    for r in range(3):
+        assert_triton_row_layout(buffer[r, :8].tolist(), ref[r].tolist())
+    too_many = torch.zeros((1, merge.TRITON_MAX_CANDIDATES + 1, 2))
+    try:
+        merge.stable_topk_from_gathered_candidates_triton(too_many, 8)
+    except ValueError as e:
+        assert "at most" in str(e)
+    else:
+        raise AssertionError("oversized rows must be refused")
