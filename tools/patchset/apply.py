@@ -9,12 +9,11 @@ did not exist is removed, so the tree is byte-identical to before.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from patchset import gittree
+from patchset import gittree, journal
 from patchset.diffparse import apply_file, reverse
 from patchset.errors import (
     DriftError,
@@ -28,7 +27,14 @@ from patchset.errors import (
 from patchset.hashing import sha256_bytes
 from patchset.lockfile import series_differences
 from patchset.model import AppliedPatch, Lock, Patch, PatchImages, TreeState
-from patchset.state import BASE_DIR, backup_path, read_state, state_dir, write_state
+from patchset.state import (
+    STATE_DIR,
+    backup_path,
+    backup_rel,
+    read_state,
+    state_rel,
+    state_to_json,
+)
 from patchset.tree import Tree, file_mode
 from patchset.treelock import DEFAULT_TIMEOUT_S, tree_lock
 
@@ -135,11 +141,14 @@ def apply_series(
     """Apply the target's ``patches`` (series order) not yet applied, up to ``upto``."""
     selected = select_upto(patches, upto)
     with tree_lock(tree.root, timeout):
+        recover_tree(tree, log)
         state = read_state(tree.root)
         check_stack(state, patches, target)
         applied = state.applied if state else ()
         todo = selected[len(applied) :]
         if not todo:
+            assert state is not None  # nothing to do means something is applied
+            _refuse_drift(tree, state)
             where = f"up to {upto}" if upto else f"all {len(patches)}"
             raise NothingToDo(
                 f"{tree.root}: {where} patch(es) of {target} already applied "
@@ -214,98 +223,61 @@ def apply_series(
                     )
                 contents[fp.path] = post
 
-        new_applied = list(applied)
-        for patch in todo:
-            new_applied.append(AppliedPatch(entries[patch.name]))
+        new_applied = [*applied, *(AppliedPatch(entries[p.name]) for p in todo)]
+        plan = journal.Plan(tree.root, "apply", tuple(p.name for p in todo))
+        modes = dict(state.modes) if state else {}
+        for path, data in originals.items():
+            if path not in backups:
+                backups[path] = _sha(data)
+                if data is not None:
+                    plan.put(backup_rel(path), data, 0o644)
+                    modes[path] = f"{tree.mode(path):04o}"
         mode_of = {fp.path: fp.mode for patch in todo for fp in patch.files}
-        writer = _Writer(tree)
-        try:
-            state_dir(tree.root).mkdir(exist_ok=True)
-            for path, data in originals.items():
-                if path not in backups:
-                    writer.backup(path, data)
-                    backups[path] = _sha(data)
-            created: dict[str, list[str]] = {}
-            for path, data in contents.items():
-                if data == originals[path]:
-                    continue
-                if data is None:
-                    writer.remove(path, originals[path])
-                    continue
-                owner = next(p.name for p in todo if path in p.paths)
-                created.setdefault(owner, []).extend(writer.make_parents(path))
-                keep = tree.mode(path)
-                writer.write(path, data, keep if keep is not None else file_mode(mode_of[path]))
-            for index, item in enumerate(new_applied):
-                dirs = created.get(item.name)
-                if dirs:
-                    new_applied[index] = replace(item, created_dirs=tuple(dirs))
-            gittree.exclude_state_dir(tree.root)
-            new_state = TreeState(
-                target,
-                state.base_pin if state else base_pin,
-                state.git_head if state else head,
-                tuple(new_applied),
-                backups,
-            )
-            write_state(tree.root, new_state)
-        except BaseException:
-            writer.rollback()
-            raise
-        log(f"Applied {len(todo)} patch(es) to {tree.root}: {writer.count} file(s) written")
-        return Outcome(tuple(p.name for p in todo), writer.count, head)
+        created: dict[str, list[str]] = {}
+        for path, data in contents.items():
+            if data == originals[path]:
+                continue
+            if data is None:
+                plan.delete(path)
+                continue
+            owner = next(p.name for p in todo if path in p.paths)
+            keep = tree.mode(path)
+            mode = keep if keep is not None else file_mode(mode_of[path])
+            created.setdefault(owner, []).extend(plan.put(path, data, mode))
+        for directory in plan.emptied_dirs():
+            modes[directory] = f"{tree.mode(directory):04o}"
+        for index, item in enumerate(new_applied):
+            dirs = created.get(item.name)
+            if dirs:
+                new_applied[index] = replace(item, created_dirs=tuple(dirs))
+        new_state = TreeState(
+            target,
+            state.base_pin if state else base_pin,
+            state.git_head if state else head,
+            tuple(new_applied),
+            backups,
+            modes,
+        )
+        plan.put(state_rel(), state_to_json(new_state).encode("utf-8"), 0o644)
+        gittree.exclude_state_dir(tree.root)
+        journal.commit(plan)
+        count = sum(1 for path in contents if contents[path] != originals[path])
+        log(f"Applied {len(todo)} patch(es) to {tree.root}: {count} file(s) written")
+        return Outcome(tuple(p.name for p in todo), count, head)
 
 
-class _Writer:
-    """Writes into a tree and remembers how to undo every write (for all-or-nothing)."""
+def recover_tree(tree: Tree, log: Log = _quiet) -> bool:
+    """Roll back a run that was killed or failed mid-write (caller holds the tree lock).
 
-    def __init__(self, tree: Tree):
-        self.tree = tree
-        self.had_state = state_dir(tree.root).exists()
-        self.undo: list[Callable[[], None]] = []
-        self.count = 0
-
-    def backup(self, path: str, data: bytes | None) -> None:
-        if data is None:
-            return
-        target = backup_path(self.tree.root, path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-        self.undo.append(lambda: target.unlink(missing_ok=True))
-
-    def make_parents(self, path: str) -> list[str]:
-        dirs = self.tree.make_parents(path)
-        if dirs:
-            self.undo.append(lambda: self.tree.remove_empty_dirs(dirs))
-        return dirs
-
-    def write(self, path: str, data: bytes, mode: int) -> None:
-        self._remember(path)
-        self.tree.write(path, data, mode)
-        self.count += 1
-
-    def remove(self, path: str, original: bytes | None) -> None:
-        self._remember(path)
-        self.tree.remove(path)
-        self.count += 1
-
-    def _remember(self, path: str) -> None:
-        before = self.tree.read(path)
-        mode = self.tree.mode(path)
-
-        def restore() -> None:
-            if before is None:
-                self.tree.remove(path)
-            else:
-                self.tree.write(path, before, mode if mode is not None else 0o644)
-
-        self.undo.append(restore)
-
-    def rollback(self) -> None:
-        for action in reversed(self.undo):
-            action()
-        if not self.had_state:
-            shutil.rmtree(state_dir(self.tree.root), ignore_errors=True)
+    Returns whether there was anything to recover.
+    """
+    if not journal.pending(tree.root):
+        return False
+    head, _ = journal.describe(tree.root)
+    log(f"{tree.root}: {head}; rolling it back")
+    moved = journal.roll_back(tree.root)
+    log(f"Rolled back {moved} path(s); every journalled path is back at its hash from before")
+    return True
 
 
 def unapply_series(
@@ -323,6 +295,7 @@ def unapply_series(
     reversal each file must hash to its recorded preimage (else HashMismatch).
     """
     with tree_lock(tree.root, timeout):
+        recover_tree(tree, log)
         state = read_state(tree.root)
         if state is None:
             raise NothingToDo(f"{tree.root}: no patch is applied", hint="patchset apply")
@@ -393,34 +366,62 @@ def unapply_series(
             )
         remaining = state.applied[:keep]
         still = {i.path for a in remaining for i in a.images.files}
-        writer = _Writer(tree)
-        try:
-            for path, data in contents.items():
-                if data == current[path]:
-                    continue
-                if data is None:
-                    writer.remove(path, current[path])
-                else:
-                    writer.make_parents(path)
-                    mode = tree.mode(path)
-                    fallback = next(
-                        i.mode for a in removing for i in a.images.files if i.path == path
-                    )
-                    writer.write(path, data, mode if mode is not None else file_mode(fallback))
-            tree.remove_empty_dirs([d for a in removing for d in a.created_dirs])
-            if not remaining:
-                shutil.rmtree(state_dir(tree.root))
-            else:
-                backups = {p: s for p, s in state.backups.items() if p in still}
-                write_state(tree.root, replace(state, applied=remaining, backups=backups))
-                for path in set(state.backups) - still:
-                    backup_path(tree.root, path).unlink(missing_ok=True)
-                tree.remove_empty_dirs(_backup_dirs(tree.root))
-        except BaseException:
-            writer.rollback()
-            raise
-        log(f"Unapplied {len(removing)} patch(es) from {tree.root}: {writer.count} file(s) written")
-        return Outcome(tuple(a.name for a in reversed(removing)), writer.count, state.git_head)
+        made = {d for a in removing for d in a.created_dirs}
+        plan = journal.Plan(
+            tree.root,
+            "unapply",
+            tuple(a.name for a in reversed(removing)),
+            removable=lambda d: d in made or d.startswith(STATE_DIR + "/"),
+            dir_modes={d: int(m, 8) for d, m in state.modes.items() if d not in state.backups},
+        )
+        for path, data in contents.items():
+            if data == current[path]:
+                continue
+            if data is None:
+                plan.delete(path)
+                continue
+            mode = tree.mode(path)
+            if mode is None and path in state.modes:
+                mode = int(state.modes[path], 8)
+            if mode is None:
+                mode = file_mode(
+                    next(i.mode for a in removing for i in a.images.files if i.path == path)
+                )
+            plan.put(path, data, mode)
+        for path in sorted(set(state.backups) - still):
+            if state.backups[path] is not None:
+                plan.delete(backup_rel(path))
+        if not remaining:
+            plan.delete(state_rel())
+        else:
+            kept_modes = {
+                p: m
+                for p, m in state.modes.items()
+                if p in still or any(s.startswith(p + "/") for s in still)
+            }
+            backups = {p: s for p, s in state.backups.items() if p in still}
+            new_state = replace(state, applied=remaining, backups=backups, modes=kept_modes)
+            plan.put(state_rel(), state_to_json(new_state).encode("utf-8"), 0o644)
+        count = journal.commit(plan)
+        files = sum(1 for p in contents if contents[p] != current[p])
+        log(f"Unapplied {len(removing)} patch(es) from {tree.root}: {files} file(s) written")
+        return Outcome(tuple(a.name for a in reversed(removing)), count, state.git_head)
+
+
+def _refuse_drift(tree: Tree, state: TreeState) -> None:
+    """An 'applied' tree whose files are off their postimages is an error, not nothing to do."""
+    drift = [
+        f"{path}: expected {_short(sha)}, found {_short(_sha(tree.read(path)))} (owned by {owner})"
+        for path, (sha, owner) in sorted(state.expected().items())
+        if _sha(tree.read(path)) != sha
+    ]
+    if drift:
+        raise DriftError(
+            f"{tree.root}: the state says the series is applied but {len(drift)} file(s) "
+            "drifted from their postimages",
+            hint="restore them, or patchset unapply and apply again",
+            details=drift,
+        )
 
 
 def _reverse_one(
@@ -470,10 +471,3 @@ def stack_reader(
         return data
 
     return read
-
-
-def _backup_dirs(root: Path) -> list[str]:
-    base = state_dir(root) / BASE_DIR
-    if not base.exists():
-        return []
-    return [p.relative_to(root).as_posix() for p in base.rglob("*") if p.is_dir()]

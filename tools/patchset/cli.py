@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from patchset import __version__
-from patchset.apply import apply_series, stack_reader, unapply_series
+from patchset import crashpoint, journal
+from patchset.apply import apply_series, recover_tree, stack_reader, unapply_series
 from patchset.errors import LockError, NothingToDo, PatchsetError, TreeStateError
 from patchset.lockfile import (
     BaseReader,
@@ -30,7 +31,7 @@ from patchset.refresh import refresh_patch, write_file_atomic
 from patchset.series import for_target, load_series
 from patchset.state import read_state
 from patchset.tree import Tree
-from patchset.treelock import DEFAULT_TIMEOUT_S
+from patchset.treelock import DEFAULT_TIMEOUT_S, tree_lock
 from patchset.verify import tree_status, verify_tree
 
 
@@ -62,6 +63,8 @@ def _tree_target(args: argparse.Namespace, repo: Path) -> tuple[Tree, str]:
         target = _target(args)
         return _existing_tree(_tree(args, repo, target)), target
     tree = _existing_tree(_tree(args, repo, "vllm"))
+    if journal.pending(tree.root):  # the command recovers (or names) it; state is not read yet
+        return tree, "vllm"
     state = read_state(tree.root)
     return tree, state.target if state else "vllm"
 
@@ -112,12 +115,26 @@ def cmd_apply(args: argparse.Namespace, repo: Path) -> int:
             timeout=args.wait,
             log=_info,
         )
+    except NothingToDo:
+        if args.if_needed:
+            _info(f"{tree.root}: the series is already applied and its files verify")
+            return 0
+        raise
     except BaseException:
         if created:
             shutil.rmtree(tree.root, ignore_errors=True)
         raise
     if outcome.git_head:
         _info(f"git checkout at {outcome.git_head}")
+    return 0
+
+
+def cmd_recover(args: argparse.Namespace, repo: Path) -> int:
+    target = _target(args)
+    tree = _existing_tree(_tree(args, repo, target))
+    with tree_lock(tree.root, args.wait):
+        if not recover_tree(tree, _info):
+            raise NothingToDo(f"{tree.root}: no interrupted run to recover")
     return 0
 
 
@@ -276,7 +293,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("apply", help="apply the series (all or nothing)")
     tree_args(p)
     p.add_argument("--upto", help="stop after this patch")
+    p.add_argument(
+        "--if-needed",
+        action="store_true",
+        help="exit 0 (not 2) when the series is already applied and its files verify",
+    )
     p.set_defaults(func=cmd_apply)
+    p = sub.add_parser("recover", help="roll back a run that was killed or failed mid-write")
+    tree_args(p)
+    p.set_defaults(func=cmd_recover)
     p = sub.add_parser("unapply", help="unapply, newest first")
     tree_args(p)
     p.add_argument("--upto", help="keep this patch (and those below) applied")
@@ -531,6 +556,7 @@ def _add_upstream_commands(sub: argparse._SubParsersAction) -> None:  # type: ig
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    crashpoint.reset()
     try:
         repo = Path(args.repo).resolve() if args.repo else find_repo(Path.cwd().resolve())
         return int(args.func(args, repo))

@@ -32,6 +32,15 @@ def backup_path(root: Path, rel: str) -> Path:
     return root / STATE_DIR / BASE_DIR / rel
 
 
+def backup_rel(rel: str) -> str:
+    """The tree-relative path of ``rel``'s pristine copy."""
+    return f"{STATE_DIR}/{BASE_DIR}/{rel}"
+
+
+def state_rel() -> str:
+    return f"{STATE_DIR}/{STATE_FILE}"
+
+
 def canonical_json(data: Any) -> str:
     """Sorted keys, 2-space indent, trailing newline: the form every JSON file of patchset has."""
     return json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
@@ -67,6 +76,7 @@ def state_to_json(state: TreeState) -> str:
                 for a in state.applied
             ],
             "backups": dict(sorted(state.backups.items())),
+            "modes": dict(sorted(state.modes.items())),
         }
     )
 
@@ -83,7 +93,14 @@ def state_from_json(text: str, where: Path) -> TreeState:
             AppliedPatch(images_from_json(a), tuple(a.get("created_dirs", ())))
             for a in raw["applied"]
         )
-        return TreeState(raw["target"], raw["base_pin"], raw["git_head"], applied, raw["backups"])
+        return TreeState(
+            raw["target"],
+            raw["base_pin"],
+            raw["git_head"],
+            applied,
+            dict(raw["backups"]),
+            dict(raw.get("modes", {})),
+        )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise TreeStateError(
             f"{where}: malformed state ({exc})",
@@ -97,13 +114,17 @@ def read_state(root: Path) -> TreeState | None:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        if state_dir(root).exists():
+        if state_dir(root).exists() and _holds_files(state_dir(root)):
             raise TreeStateError(
                 f"{state_dir(root)} exists without {STATE_FILE}",
                 hint="an interrupted run? restore the tree from its base",
             ) from None
         return None
     return state_from_json(text, path)
+
+
+def _holds_files(directory: Path) -> bool:
+    return any(not p.is_dir() or p.is_symlink() for p in directory.rglob("*"))
 
 
 def write_state(root: Path, state: TreeState) -> None:

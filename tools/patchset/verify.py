@@ -7,6 +7,7 @@ from typing import Literal
 
 from patchset.errors import DriftError, TreeStateError
 from patchset.hashing import sha256_bytes
+from patchset.journal import refuse_pending
 from patchset.model import Lock, Patch, TreeState
 from patchset.state import read_state
 from patchset.tree import Tree
@@ -59,6 +60,7 @@ def lock_disagreements(state: TreeState, patches: tuple[Patch, ...], lock: Lock)
 
 def verify_tree(tree: Tree, patches: tuple[Patch, ...], lock: Lock) -> TreeState:
     """Check every touched file against its postimage; raise DriftError listing each drift."""
+    refuse_pending(tree.root)
     state = read_state(tree.root)
     if state is None:
         raise TreeStateError(
@@ -83,6 +85,7 @@ def verify_tree(tree: Tree, patches: tuple[Patch, ...], lock: Lock) -> TreeState
 
 def tree_status(tree: Tree, patches: tuple[Patch, ...]) -> list[tuple[str, PatchStatus]]:
     """Each patch of the target with its status: applied, not applied, or drifted."""
+    refuse_pending(tree.root)
     state = read_state(tree.root)
     if state is None:
         return [(p.name, "not applied") for p in patches]
