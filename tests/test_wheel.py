@@ -449,3 +449,40 @@ def test_cli_wheel_refuses_native_patch_before_applying(
     assert "vllm/0002-k.patch: csrc/k.cu: csrc/ is compiled" in err
     assert snapshot(wheel_ws.tree) == before
     assert not (wheel_ws.repo / "dist").exists()
+
+
+def test_cli_wheel_holds_the_tree_lock_and_packs_only_locked_bytes(
+    wheel_ws: Workspace, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """While `wheel` builds, an `unapply` of the same tree is refused (TreeBusy); a file changed
+    behind the lock's back is not packed: wheel exits 1 and writes neither wheel nor receipt."""
+    import subprocess
+    import sys
+
+    import patchset.wheel as wheel_module
+
+    change = {"vllm/a.py": (PRISTINE["vllm/a.py"], b"A = 42\n")}
+    wheel_ws.setup(PRISTINE, [("vllm/0001-a.patch", patch_bytes(change))])
+    real_prove = wheel_module.prove_base
+    seen: dict[str, subprocess.CompletedProcess] = {}
+
+    def prove_then_race(*args, **kwargs):
+        real_prove(*args, **kwargs)
+        seen["unapply"] = subprocess.run(
+            [sys.executable, "-m", "patchset", "-C", str(wheel_ws.repo), "unapply"]
+            + ["--tree", str(wheel_ws.tree), "--wait", "0.3"],
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "tools")},
+            capture_output=True,
+            text=True,
+        )
+        (wheel_ws.tree / "vllm/a.py").write_bytes(b"A = 1  # edited behind the lock\n")
+
+    monkeypatch.setattr(wheel_module, "prove_base", prove_then_race)
+    argv = ["-C", str(wheel_ws.repo), "wheel", "--tree", str(wheel_ws.tree)]
+    assert main(argv) == 1
+    assert seen["unapply"].returncode == 1
+    assert "locked by another patchset process" in seen["unapply"].stderr
+    err = capsys.readouterr().err
+    assert "vllm/a.py" in err and "not the postimage in series.lock" in err
+    out = wheel_ws.repo / "dist"
+    assert not out.exists() or not [p for p in out.iterdir() if p.suffix in (".whl", ".json")]

@@ -20,9 +20,22 @@ DEFAULT_TIMEOUT_S = 30.0
 _POLL_S = 0.05
 
 
+_held: dict[Path, int] = {}
+"""Trees this process holds, with the nesting depth (``wheel`` holds the lock around apply)."""
+
+
 @contextmanager
 def tree_lock(root: Path, timeout: float = DEFAULT_TIMEOUT_S) -> Iterator[None]:
-    """Hold the exclusive lock of tree ``root`` for the duration of the block."""
+    """Hold the exclusive lock of tree ``root`` for the duration of the block (re-entrant within
+    one process)."""
+    key = root.resolve()
+    if key in _held:
+        _held[key] += 1
+        try:
+            yield
+        finally:
+            _held[key] -= 1
+        return
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
         deadline = time.monotonic() + timeout
@@ -37,6 +50,10 @@ def tree_lock(root: Path, timeout: float = DEFAULT_TIMEOUT_S) -> Iterator[None]:
                         hint="wait for it to finish, or pass a longer --wait",
                     ) from None
                 time.sleep(_POLL_S)
-        yield
+        _held[key] = 1
+        try:
+            yield
+        finally:
+            del _held[key]
     finally:
         os.close(fd)
