@@ -31,7 +31,7 @@ from patchset.state import (
     STATE_DIR,
     backup_path,
     backup_rel,
-    read_state,
+    trusted_state,
     state_rel,
     state_to_json,
 )
@@ -85,6 +85,11 @@ def check_stack(
                 f"applied patch {applied.name} changed on disk since it was applied",
                 hint="restore the patch file, or run patchset refresh if you edited the tree",
             )
+
+
+def touched_paths(patches: tuple[Patch, ...]) -> set[str]:
+    """Every path the patches touch (what the in-tree state may name)."""
+    return {path for patch in patches for path in patch.paths}
 
 
 def select_upto(patches: tuple[Patch, ...], upto: str | None) -> tuple[Patch, ...]:
@@ -142,7 +147,7 @@ def apply_series(
     selected = select_upto(patches, upto)
     with tree_lock(tree.root, timeout):
         recover_tree(tree, log)
-        state = read_state(tree.root)
+        state = trusted_state(tree.root, touched_paths(patches))
         check_stack(state, patches, target)
         applied = state.applied if state else ()
         todo = selected[len(applied) :]
@@ -296,7 +301,7 @@ def unapply_series(
     """
     with tree_lock(tree.root, timeout):
         recover_tree(tree, log)
-        state = read_state(tree.root)
+        state = trusted_state(tree.root, touched_paths(patches))
         if state is None:
             raise NothingToDo(f"{tree.root}: no patch is applied", hint="patchset apply")
         names = list(state.applied_names)
@@ -315,6 +320,17 @@ def unapply_series(
         by_name = {p.name: p for p in patches}
         expected = state.expected()
         touched = list(dict.fromkeys(i.path for a in removing for i in a.images.files))
+        through = [
+            reason
+            for path in [*touched, *(d for a in removing for d in a.created_dirs)]
+            if (reason := tree.symlink_problem(path))
+        ]
+        if through:
+            raise PatchFormatError(
+                "the tree's paths go through a symlink or a file; nothing was changed",
+                hint="a symlink was planted after apply: remove it and restore the directory",
+                details=through,
+            )
         current = {path: tree.read(path) for path in touched}
         drift = [
             f"{path}: expected {_short(expected[path][0])}, found {_short(_sha(current[path]))} "

@@ -110,6 +110,11 @@ def state_from_json(text: str, where: Path) -> TreeState:
 
 def read_state(root: Path) -> TreeState | None:
     """The tree's state, or None when no patch is applied (no ``.patchset/state.json``)."""
+    if state_dir(root).is_symlink():
+        raise TreeStateError(
+            f"{state_dir(root)} is a symlink; refusing to use it",
+            hint="the state must be a real directory of the tree",
+        )
     path = state_dir(root) / STATE_FILE
     try:
         text = path.read_text(encoding="utf-8")
@@ -121,6 +126,44 @@ def read_state(root: Path) -> TreeState | None:
             ) from None
         return None
     return state_from_json(text, path)
+
+
+def trusted_state(root: Path, touched: set[str]) -> TreeState | None:
+    """:func:`read_state`, then every path in it checked (untrusted input): each file path
+    relative, normalised, outside ``.git``/``.patchset`` and touched by the target's series;
+    ``backups`` exactly the applied files; each created directory an ancestor of a file its
+    patch touches; each mode key a backup or an ancestor directory of one."""
+    from patchset.diffparse import path_problem
+
+    state = read_state(root)
+    if state is None:
+        return None
+    problems: list[str] = []
+    files = {i.path for a in state.applied for i in a.images.files}
+    ancestors = {"/".join(p.split("/")[:d]) for p in touched for d in range(1, p.count("/") + 1)}
+    for path in sorted(files | set(state.backups) | set(state.modes)):
+        reason = path_problem(path) if isinstance(path, str) else f"{path!r} is not a path"
+        if reason:
+            problems.append(reason)
+    for path in sorted(files - touched):
+        problems.append(f"{path!r} is not a file the series touches")
+    for path in sorted(set(state.backups) ^ files):
+        problems.append(f"backups entry {path!r} is not a file of the applied stack")
+    for path in sorted(set(state.modes) - set(state.backups) - ancestors):
+        problems.append(f"modes entry {path!r} is neither a backup nor a directory of one")
+    for applied in state.applied:
+        mine = {"/".join(i.path.split("/")[:d]) for i in applied.images.files for d in range(1, i.path.count("/") + 1)}
+        for directory in applied.created_dirs:
+            if directory not in mine:
+                problems.append(f"{applied.name}: created_dirs entry {directory!r} is not a parent of its files")
+    if problems:
+        raise TreeStateError(
+            f"{state_dir(root) / STATE_FILE}: untrusted state: {len(problems)} problem(s); "
+            "nothing was changed",
+            hint="the state was edited or damaged; restore the tree from its base",
+            details=problems,
+        )
+    return state
 
 
 def _holds_files(directory: Path) -> bool:
