@@ -152,8 +152,8 @@ def apply_series(
         applied = state.applied if state else ()
         todo = selected[len(applied) :]
         if not todo:
-            assert state is not None  # nothing to do means something is applied
-            _refuse_drift(tree, state)
+            if state is not None:
+                _refuse_drift(tree, state)
             where = f"up to {upto}" if upto else f"all {len(patches)}"
             raise NothingToDo(
                 f"{tree.root}: {where} patch(es) of {target} already applied "

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +26,7 @@ from patchset.lockfile import (
     write_lock,
 )
 from patchset.model import TARGETS, Lock, Patch
+from patchset.newtree import created_if_missing
 from patchset.refresh import refresh_patch, write_file_atomic
 from patchset.series import for_target, load_series
 from patchset.state import read_state
@@ -101,28 +101,23 @@ def cmd_apply(args: argparse.Namespace, repo: Path) -> int:
     patches = for_target(load_series(repo), target)
     lock = load_lock(repo)
     tree = _tree(args, repo, target)
-    created = not tree.root.exists()
-    if created:
-        _create_tree(tree, repo, target)
+    unpack = lambda: _create_tree(tree, repo, target)  # noqa: E731
     try:
-        outcome = apply_series(
-            tree,
-            patches,
-            lock,
-            target=target,
-            upto=args.upto,
-            base_pin=_base_pin(repo, target),
-            timeout=args.wait,
-            log=_info,
-        )
+        with created_if_missing(tree.root, unpack, args.wait, _info):
+            outcome = apply_series(
+                tree,
+                patches,
+                lock,
+                target=target,
+                upto=args.upto,
+                base_pin=_base_pin(repo, target),
+                timeout=args.wait,
+                log=_info,
+            )
     except NothingToDo:
         if args.if_needed:
             _info(f"{tree.root}: the series is already applied and its files verify")
             return 0
-        raise
-    except BaseException:
-        if created:
-            shutil.rmtree(tree.root, ignore_errors=True)
         raise
     if outcome.git_head:
         _info(f"git checkout at {outcome.git_head}")

@@ -14,10 +14,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from patchset.errors import TreeBusy
+from patchset.errors import TreeBusy, TreeStateError
 
 DEFAULT_TIMEOUT_S = 30.0
 _POLL_S = 0.05
+
+
+def _same_directory(fd: int, root: Path) -> bool:
+    try:
+        now = os.stat(root)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
 
 
 _held: dict[Path, int] = {}
@@ -50,6 +59,11 @@ def tree_lock(root: Path, timeout: float = DEFAULT_TIMEOUT_S) -> Iterator[None]:
                         hint="wait for it to finish, or pass a longer --wait",
                     ) from None
                 time.sleep(_POLL_S)
+        if not _same_directory(fd, root):
+            raise TreeStateError(
+                f"tree {root} was removed while this process waited for it",
+                hint="the process that created it failed; run the command again",
+            )
         _held[key] = 1
         try:
             yield

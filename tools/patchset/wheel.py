@@ -567,7 +567,8 @@ def wheel_from_series(
     from .receipt import make_receipt, write_receipt
     from .series import for_target, load_series
     from .tree import Tree
-    from .treelock import tree_lock
+    from .newtree import created_if_missing
+    from .treelock import DEFAULT_TIMEOUT_S, tree_lock
     from .verify import verify_tree
 
     pins = load_pins(root / "pins.toml")
@@ -577,10 +578,11 @@ def wheel_from_series(
     lock = load_lock(root)
     tree = (tree or root / "build" / "vllm").resolve()
     out_dir = (out_dir or root / "dist").resolve()
-    if not tree.exists():
+    def unpack() -> None:
         log(f"unpacking {sdist_pin.filename} into {tree}")
         unpack_sdist("vllm", tree, root=root, offline=offline)
-    with tree_lock(tree):
+
+    with created_if_missing(tree, unpack, DEFAULT_TIMEOUT_S, log), tree_lock(tree):
         if patches:
             try:
                 apply_series(
