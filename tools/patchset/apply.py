@@ -25,6 +25,7 @@ from patchset.errors import (
     TreeStateError,
 )
 from patchset.hashing import sha256_bytes
+from patchset import lockfile
 from patchset.lockfile import series_differences
 from patchset.model import AppliedPatch, Lock, Patch, PatchImages, TreeState
 from patchset.state import (
@@ -105,11 +106,20 @@ def select_upto(patches: tuple[Patch, ...], upto: str | None) -> tuple[Patch, ..
     return patches[: names.index(upto) + 1]
 
 
-def _lock_entries(lock: Lock, patches: tuple[Patch, ...]) -> dict[str, PatchImages]:
+def _lock_entries(
+    lock: Lock, patches: tuple[Patch, ...], pins: dict[str, str], series: tuple[Patch, ...]
+) -> dict[str, PatchImages]:
+    shapes = lockfile.shape_problems(series)
+    if shapes:
+        raise PatchDoesNotApply(
+            "the series changes a file into a directory; nothing was changed",
+            hint="split the change: git cannot express it without a rename either",
+            details=shapes,
+        )
     stale = series_differences(
         Lock(lock.pins, tuple(e for e in lock.patches if e.name in {p.name for p in patches}), {}),
         patches,
-        dict(lock.pins),
+        pins,
     )
     if stale:
         raise LockError(
@@ -140,10 +150,14 @@ def apply_series(
     target: str,
     upto: str | None = None,
     base_pin: str | None = None,
+    pins: dict[str, str] | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
     log: Log = _quiet,
 ) -> Outcome:
-    """Apply the target's ``patches`` (series order) not yet applied, up to ``upto``."""
+    """Apply the target's ``patches`` (series order) not yet applied, up to ``upto``.
+
+    ``pins`` (``pins.toml``'s digests) must equal the lock's; None trusts the lock's own.
+    """
     selected = select_upto(patches, upto)
     with tree_lock(tree.root, timeout):
         recover_tree(tree, log)
@@ -160,7 +174,15 @@ def apply_series(
                 f"({len(applied)} applied)",
                 hint="patchset verify checks them; patchset unapply --upto goes back",
             )
-        entries = _lock_entries(lock, todo)
+        pinned = dict(lock.pins) if pins is None else pins
+        entries = _lock_entries(lock, todo, pinned, patches)
+        wanted = pinned.get(f"{target}.sdist")
+        if state and state.base_pin and wanted and state.base_pin != wanted:
+            raise TreeStateError(
+                f"{tree.root} was patched from base {state.base_pin[:12]}, the pins say "
+                f"{wanted[:12]}; nothing was changed",
+                hint="unapply, start from a tree of the pinned release, apply again",
+            )
         head = gittree.head_commit(tree.root)
         if head:
             log(f"{tree.root} is a git checkout at {head}")
@@ -211,6 +233,14 @@ def apply_series(
             log(f"Applying {patch.name} ({first + offset + 1}/{total})")
             images = entries[patch.name]
             for fp in patch.files:
+                expected = images.image(fp.path)
+                have = _sha(contents[fp.path])
+                if expected is None or have != expected.pre:
+                    raise HashMismatch(
+                        f"{patch.name}: {fp.path}: preimage {_short(have)} is not the lock's "
+                        f"{_short(expected.pre if expected else None)}; nothing was changed",
+                        hint="series.lock was edited or is stale: run patchset lock --check",
+                    )
                 try:
                     post = apply_file(contents[fp.path], fp)
                 except PatchDoesNotApply as exc:
@@ -218,7 +248,6 @@ def apply_series(
                         f"{patch.name} does not apply: {exc.message}; nothing was changed",
                         hint="the lock's preimages matched, so the patch itself is broken",
                     ) from None
-                expected = images.image(fp.path)
                 got = _sha(post)
                 if expected is None or got != expected.post:
                     raise HashMismatch(

@@ -111,6 +111,7 @@ def cmd_apply(args: argparse.Namespace, repo: Path) -> int:
                 target=target,
                 upto=args.upto,
                 base_pin=_base_pin(repo, target),
+                pins=pin_digests(repo),
                 timeout=args.wait,
                 log=_info,
             )

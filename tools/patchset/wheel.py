@@ -586,7 +586,13 @@ def wheel_from_series(
         if patches:
             try:
                 apply_series(
-                    Tree(tree), patches, lock, target="vllm", base_pin=sdist_pin.sha256, log=log
+                    Tree(tree),
+                    patches,
+                    lock,
+                    target="vllm",
+                    base_pin=sdist_pin.sha256,
+                    pins={pin.key: pin.sha256 for pin in pins},
+                    log=log,
                 )
             except NothingToDo:
                 log(f"{tree}: the series is already applied")
