@@ -160,9 +160,12 @@ def lock_from_json(text: str, where: str = LOCK_FILE) -> Lock:
 def load_lock(repo: Path) -> Lock:
     path = repo / LOCK_FILE
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise LockError(f"no {LOCK_FILE} in {repo}", hint="run patchset lock") from None
+    from patchset.series import decode_utf8
+
+    text = decode_utf8(data, LOCK_FILE, LockError, "run patchset lock")
     return lock_from_json(text, str(path))
 
 
@@ -170,7 +173,7 @@ def write_lock(repo: Path, lock: Lock) -> bool:
     """Write ``series.lock``; return whether its bytes changed."""
     path = repo / LOCK_FILE
     text = lock_to_json(lock)
-    if path.is_file() and path.read_text(encoding="utf-8") == text:
+    if path.is_file() and path.read_bytes() == text.encode("utf-8"):
         return False
     tmp = path.with_name(LOCK_FILE + ".tmp")
     tmp.write_text(text, encoding="utf-8")

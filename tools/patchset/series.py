@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patchset.diffparse import parse_diff
-from patchset.errors import PatchFormatError, SeriesError
+from patchset.errors import PatchFormatError, PatchsetError, SeriesError
 from patchset.hashing import sha256_bytes
 from patchset.model import TARGETS, Patch
 from patchset.patchfile import header_problems, parse_header, split_patch
@@ -108,12 +108,26 @@ def parse_patch(name: str, data: bytes) -> tuple[Patch | None, list[str]]:
     return Patch(name, sha256_bytes(data), header, header_text, tuple(files)), []
 
 
+def decode_utf8(data: bytes, where: str, error: type[PatchsetError], hint: str) -> str:
+    """``data`` as UTF-8, or ``error`` naming the file, line and byte that are not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise error(
+            f"{where}: not UTF-8 (byte 0x{data[exc.start]:02x} on line {line})",
+            hint=hint,
+        ) from None
+
+
 def load_series(repo: Path) -> tuple[Patch, ...]:
     """Read ``series`` and every listed patch; raise one SeriesError listing every problem."""
     series_file = repo / "series"
     if not series_file.is_file():
         raise SeriesError(f"no series file at {series_file}", hint="create it (it may be empty)")
-    entries = parse_series(series_file.read_text(encoding="utf-8"))
+    entries = parse_series(decode_utf8(
+            series_file.read_bytes(), "series", SeriesError, "re-save series as UTF-8"
+        ))
     patches_dir = repo / "patches"
     problems = entry_problems(entries, patches_dir)
     patches: list[Patch] = []

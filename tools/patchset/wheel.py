@@ -21,7 +21,6 @@ import hashlib
 import os
 import re
 import struct
-import tempfile
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -34,6 +33,7 @@ from .hashing import sha256_file
 from .model import FileOp, Patch
 from .pins import Pin
 from .record import RecordEntry, check_member, index, parse_record, write_record
+from .tempfiles import locked_temp, remove_stale
 
 PACKAGE_DIR = "vllm/"
 """Only files under this directory of the tree are part of the wheel."""
@@ -305,8 +305,10 @@ def build_wheel(
         record = write_record([m.record for m in plan], record_name)
         out_dir.mkdir(parents=True, exist_ok=True)
         log(f"writing {wheel_name} ({len(plan) + 1} members, {len(overlay.files)} overlaid)")
-        fd, tmp_name = tempfile.mkstemp(dir=out_dir, prefix=".wheel-", suffix=".tmp")
-        tmp = Path(tmp_name)
+        stale = remove_stale(out_dir, ".wheel-*.tmp")
+        if stale:
+            log(f"removed {stale} temporary file(s) of killed wheel runs in {out_dir}")
+        fd, tmp = locked_temp(out_dir, ".wheel-", ".tmp")
         try:
             with os.fdopen(fd, "wb") as out, open(base_wheel, "rb") as src:
                 writer = _ZipWriter(out)
@@ -544,6 +546,27 @@ def _record_form(raw_sha256: bytes) -> str:
 # --------------------------------------------------------------------------- orchestration
 
 
+def _build_blaming_base(root: Path, pristine: Path, **kwargs: object) -> BuiltWheel:
+    """:func:`build_wheel`; a failed base proof caused by a modified ``build/base`` tree says
+    so (and names the files) instead of blaming pins.toml."""
+    from .fetch import pristine_differences
+
+    try:
+        return build_wheel(pristine=pristine, **kwargs)  # type: ignore[arg-type]
+    except WheelError as exc:
+        if "not the sdist's" not in exc.message:
+            raise
+        changed = pristine_differences("vllm", pristine, root=root)
+        if not changed:
+            raise
+        raise WheelError(
+            f"{pristine} differs from the pinned sdist in {len(changed)} file(s): the unpacked "
+            "base was modified",
+            details=changed,
+            hint=f"remove {pristine} (make clean) and run again; the pins are not at fault",
+        ) from exc
+
+
 def wheel_from_series(
     root: Path,
     *,
@@ -607,10 +630,11 @@ def wheel_from_series(
             log(f"verified {len(patches)} patch(es) on {tree}")
         pristine = pristine_tree("vllm", root=root, offline=offline)
         base_wheel = fetch_pin(wheel_pin, cache_dir(root), offline=offline).path
-        built = build_wheel(
+        built = _build_blaming_base(
+            root,
+            pristine,
             base_wheel=base_wheel,
             wheel_pin=wheel_pin,
-            pristine=pristine,
             tree=tree,
             patches=patches,
             out_dir=out_dir,
