@@ -169,6 +169,8 @@ def _parse_block(block: list[str]) -> tuple[FilePatch | None, list[str]]:
         refused = next((why for key, why in _REFUSED_HEADERS.items() if line.startswith(key)), None)
         if refused:
             problems.append(f"{path}: {refused} ({line.strip()!r})")
+            if refused == "binary hunk":
+                break  # the rest of the block is binary data, not header lines
         elif line.startswith(("old mode ", "new mode ")):
             mode_change[line.split()[0]] = line.split()[-1]
         elif line.startswith("new file mode "):
@@ -273,7 +275,8 @@ def apply_file(pre: bytes | None, patch: FilePatch) -> bytes | None:
             raise PatchDoesNotApply(f"{patch.path}: patch adds the file but it already exists")
         return b"".join(line for h in patch.hunks for line in h.new_lines)
     if pre is None:
-        raise PatchDoesNotApply(f"{patch.path}: patch {patch.op}s the file but it does not exist")
+        verb = {"modify": "modifies", "delete": "deletes"}[patch.op]
+        raise PatchDoesNotApply(f"{patch.path}: patch {verb} the file but it does not exist")
     lines = split_lines(pre)
     out: list[bytes] = []
     cursor = 0

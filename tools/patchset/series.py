@@ -90,8 +90,36 @@ def entry_problems(entries: tuple[SeriesEntry, ...], patches_dir: Path) -> list[
     return problems
 
 
+_CRLF = re.compile(rb"^(?:From |diff --git |--- |\+\+\+ |@@ ).*\r$", re.MULTILINE)
+_PLAIN_DIFF = re.compile(rb"^--- .*\n\+\+\+ .*\n@@ ", re.MULTILINE)
+
+
+def form_problem(data: bytes) -> str | None:
+    """One line when the file is not a format-patch at all (CRLF, plain diff, bare git diff)."""
+    if _CRLF.search(data):
+        return (
+            "the patch file has CRLF line endings (an editor or git's core.autocrlf converted "
+            "it); convert it back to LF or export it again"
+        )
+    if not data.startswith(b"diff --git ") and b"\ndiff --git " not in data:
+        if _PLAIN_DIFF.search(data):
+            return (
+                "a plain unified diff (no 'diff --git' lines, index lines or mail header): "
+                "make it a series patch with `patchset import FILE`"
+            )
+    elif data.startswith(b"diff --git "):
+        return (
+            "a git diff without a format-patch header (Subject, Upstream-Status, "
+            "Signed-off-by): make it a series patch with `patchset import FILE`"
+        )
+    return None
+
+
 def parse_patch(name: str, data: bytes) -> tuple[Patch | None, list[str]]:
     """Parse one patch file; return (patch or None, every problem found)."""
+    form = form_problem(data)
+    if form:
+        return None, [form]
     header_text, diff = split_patch(data)
     problems: list[str] = []
     header = None
