@@ -250,6 +250,36 @@ def _write_lock(repo: Path, patches: tuple[Patch, ...], bases: dict[str, BaseRea
     return computed.lock
 
 
+def cmd_import(args: argparse.Namespace, repo: Path) -> int:
+    from patchset.intake import git_identity, import_patch
+
+    target = args.target or (args.name.split("/", 1)[0] if args.name else "vllm")
+    data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+    base_dir = _pristine_bases(args, repo, [target])[target]
+    series = load_series(repo)
+    bases = _bases(args, repo, series)
+    bases[target] = _dir_reader(base_dir)
+
+    def base_mode(path: str) -> str | None:
+        found = base_dir / path
+        if not found.is_file() or found.is_symlink():
+            return None
+        return "100755" if found.stat().st_mode & 0o111 else "100644"
+
+    name, _ = import_patch(
+        repo,
+        data,
+        target=target,
+        bases=bases,
+        base_mode=base_mode,
+        identity=git_identity(repo),
+        subject=args.subject,
+        name=args.name,
+    )
+    _info(f"Imported {name}: patches/{name}, listed in series, series.lock updated")
+    return 0
+
+
 def cmd_lock(args: argparse.Namespace, repo: Path) -> int:
     patches = load_series(repo)
     if not args.check:
@@ -314,6 +344,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("patch")
     p.add_argument("--base", action="append", help="TARGET=DIR base tree for the lock")
     p.set_defaults(func=cmd_refresh)
+    p = sub.add_parser("import", help="add a format-patch, git diff or plain diff to the series")
+    p.add_argument("file", help="the patch file ('-': stdin)")
+    p.add_argument("--subject", help="'[Tag] Title' when the input has none (or to replace it)")
+    p.add_argument("--name", help="the series entry (default: <target>/<next NNNN>-<slug>.patch)")
+    p.add_argument("--target", choices=TARGETS, help="default: vllm, or --name's target")
+    p.add_argument("--base", action="append", help="TARGET=DIR pristine base (default: fetch)")
+    p.add_argument("--offline", action="store_true", help="never run pip; use the cache only")
+    p.set_defaults(func=cmd_import)
     p = sub.add_parser("lock", help="regenerate series.lock (or --check it)")
     p.add_argument("--check", action="store_true", help="exit 1 if series.lock is stale")
     p.add_argument("--base", action="append", help="TARGET=DIR pristine base (default: fetch)")

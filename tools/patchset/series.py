@@ -94,13 +94,21 @@ _CRLF = re.compile(rb"^(?:From |diff --git |--- |\+\+\+ |@@ ).*\r$", re.MULTILIN
 _PLAIN_DIFF = re.compile(rb"^--- .*\n\+\+\+ .*\n@@ ", re.MULTILINE)
 
 
-def form_problem(data: bytes) -> str | None:
-    """One line when the file is not a format-patch at all (CRLF, plain diff, bare git diff)."""
+def crlf_problem(data: bytes) -> str | None:
+    """One line when the patch's header or diff lines end in CRLF."""
     if _CRLF.search(data):
         return (
             "the patch file has CRLF line endings (an editor or git's core.autocrlf converted "
             "it); convert it back to LF or export it again"
         )
+    return None
+
+
+def form_problem(data: bytes) -> str | None:
+    """One line when the file is not a format-patch at all (CRLF, plain diff, bare git diff)."""
+    crlf = crlf_problem(data)
+    if crlf:
+        return crlf
     if not data.startswith(b"diff --git ") and b"\ndiff --git " not in data:
         if _PLAIN_DIFF.search(data):
             return (
