@@ -11,7 +11,6 @@ from pathlib import Path
 from conftest import Workspace, git, patch_bytes, snapshot, write_tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from patchset.tree import Tree
 
 BASE = {
     "pkg/a.py": b"".join(b"a%d = %d\n" % (i, i) for i in range(40)),

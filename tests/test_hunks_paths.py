@@ -43,10 +43,26 @@ def _git_patch(tmp, quote: bool) -> tuple[dict[str, bytes], bytes]:
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "base")
     (repo / "pkg/café.txt").write_bytes(b"deux\n")
-    git(repo, "commit", "-qam", "[Test] Accents\n\nUpstream-Status: Pending\nSigned-off-by: a <a@b.c>")
+    git(
+        repo,
+        "commit",
+        "-qam",
+        "[Test] Accents\n\nUpstream-Status: Pending\nSigned-off-by: a <a@b.c>",
+    )
     quoting = "true" if quote else "false"
-    out = git(repo, "-c", f"core.quotePath={quoting}", "format-patch", "--full-index",
-              "--no-signature", "--zero-commit", "-N", "--no-stat", "-1", "--stdout")
+    out = git(
+        repo,
+        "-c",
+        f"core.quotePath={quoting}",
+        "format-patch",
+        "--full-index",
+        "--no-signature",
+        "--zero-commit",
+        "-N",
+        "--no-stat",
+        "-1",
+        "--stdout",
+    )
     return base, out.encode()
 
 

@@ -61,8 +61,7 @@ def test_missing_file_message_spells_the_operation() -> None:
 
 def test_non_ascii_names_print_as_written() -> None:
     diff = (
-        'diff --git "a/caf\\303\\251.py" "b/caf\\303\\251.py"\n'
-        "old mode 100644\nnew mode 100755\n"
-    ).encode()
+        b'diff --git "a/caf\\303\\251.py" "b/caf\\303\\251.py"\nold mode 100644\nnew mode 100755\n'
+    )
     _, problems = parse_diff(diff)
     assert problems == ["café.py: mode change (100644 -> 100755); patches may not change modes"]

@@ -18,7 +18,9 @@ TOOLS = str(Path(__file__).resolve().parents[1] / "tools")
 BASE = {f"vllm/m{i}.py": b"".join(b"v%d = %d\n" % (j, j) for j in range(300)) for i in range(40)}
 PATCH = (
     "vllm/0001-a.patch",
-    patch_bytes({"vllm/m0.py": (BASE["vllm/m0.py"], BASE["vllm/m0.py"].replace(b"= 7\n", b"= 8\n"))}),
+    patch_bytes(
+        {"vllm/m0.py": (BASE["vllm/m0.py"], BASE["vllm/m0.py"].replace(b"= 7\n", b"= 8\n"))}
+    ),
 )
 
 

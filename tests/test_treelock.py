@@ -8,7 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from conftest import Workspace, patch_bytes, snapshot
 from patchset.treelock import tree_lock
 

@@ -504,8 +504,13 @@ def test_cli_wheel_removes_temp_files_of_killed_runs_only(
     for path in (stale, live):
         os.utime(path, (1, 1))
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import fcntl, sys, time\nf = open(sys.argv[1], 'rb+')\n"
-         "fcntl.flock(f, fcntl.LOCK_EX)\nprint('locked', flush=True)\ntime.sleep(60)\n", str(live)],
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, time\nf = open(sys.argv[1], 'rb+')\n"
+            "fcntl.flock(f, fcntl.LOCK_EX)\nprint('locked', flush=True)\ntime.sleep(60)\n",
+            str(live),
+        ],
         stdout=subprocess.PIPE,
     )
     try:

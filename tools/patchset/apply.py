@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-from patchset import gittree, journal
+from patchset import gittree, journal, lockfile
 from patchset.diffparse import apply_file, reverse
 from patchset.errors import (
     DriftError,
@@ -25,16 +24,15 @@ from patchset.errors import (
     TreeStateError,
 )
 from patchset.hashing import sha256_bytes
-from patchset import lockfile
 from patchset.lockfile import series_differences
 from patchset.model import AppliedPatch, Lock, Patch, PatchImages, TreeState
 from patchset.state import (
     STATE_DIR,
     backup_path,
     backup_rel,
-    trusted_state,
     state_rel,
     state_to_json,
+    trusted_state,
 )
 from patchset.tree import Tree, file_mode
 from patchset.treelock import DEFAULT_TIMEOUT_S, tree_lock

@@ -12,8 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from patchset import __version__
-from patchset import crashpoint, journal
+from patchset import __version__, crashpoint, journal
 from patchset.apply import apply_series, recover_tree, stack_reader, unapply_series
 from patchset.errors import LockError, NothingToDo, PatchsetError, TreeStateError
 from patchset.lockfile import (

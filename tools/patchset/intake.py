@@ -25,10 +25,10 @@ from patchset.diffparse import NULL_BLOB, _side_path, apply_file, parse_diff, pa
 from patchset.errors import PatchDoesNotApply, PatchFormatError
 from patchset.hashing import git_blob_id
 from patchset.lockfile import BaseReader, compute_lock, pin_digests, write_lock
-from patchset.model import FilePatch, Patch, PatchHeader
+from patchset.model import Patch, PatchHeader
 from patchset.patchfile import _split_trailers, serialise_header
-from patchset.series import NAME_RE, crlf_problem, load_series, parse_patch, parse_series
 from patchset.refresh import write_file_atomic
+from patchset.series import NAME_RE, crlf_problem, load_series, parse_patch, parse_series
 
 BaseMode = Callable[[str], str | None]
 """The git mode (``100644``/``100755``) of a path in the target's pristine base, or None."""
@@ -144,12 +144,18 @@ def _plain_blocks(lines: list[str], base_mode: BaseMode) -> tuple[list[str], lis
     problems: list[str] = []
     at = 0
     while at < len(lines):
-        if not (lines[at].startswith("--- ") and at + 1 < len(lines)
-                and lines[at + 1].startswith("+++ ")):
+        if not (
+            lines[at].startswith("--- ")
+            and at + 1 < len(lines)
+            and lines[at + 1].startswith("+++ ")
+        ):
             at += 1
             continue
         try:
-            old, new = _side_path(lines[at].split("\t")[0]), _side_path(lines[at + 1].split("\t")[0])
+            old, new = (
+                _side_path(lines[at].split("\t")[0]),
+                _side_path(lines[at + 1].split("\t")[0]),
+            )
         except ValueError as exc:
             problems.append(str(exc))
             at += 2
@@ -161,19 +167,33 @@ def _plain_blocks(lines: list[str], base_mode: BaseMode) -> tuple[list[str], lis
         if reason:
             problems.append(reason)
         end = at + 2
-        while end < len(lines) and (lines[end][:1] in ("@", " ", "+", "-", "\\") or lines[end] == ""):
-            if lines[end].startswith("--- ") and end + 1 < len(lines) and lines[end + 1].startswith("+++ "):
+        while end < len(lines) and (
+            lines[end][:1] in ("@", " ", "+", "-", "\\") or lines[end] == ""
+        ):
+            if (
+                lines[end].startswith("--- ")
+                and end + 1 < len(lines)
+                and lines[end + 1].startswith("+++ ")
+            ):
                 break
             end += 1
         hunks = "\n".join(lines[at + 2 : end]).rstrip("\n")
+        mode = base_mode(path) or "100644"
         if old == "/dev/null":
-            head = f"new file mode 100644\nindex {NULL_BLOB}..{_PLACEHOLDER}\n--- /dev/null\n+++ b/{path}"
+            head = [
+                f"new file mode 100644\nindex {NULL_BLOB}..{_PLACEHOLDER}",
+                "/dev/null",
+                f"b/{path}",
+            ]
+        elif new == "/dev/null":
+            head = [
+                f"deleted file mode {mode}\nindex {_PLACEHOLDER}..{NULL_BLOB}",
+                f"a/{path}",
+                "/dev/null",
+            ]
         else:
-            mode = base_mode(path) or "100644"
-            if new == "/dev/null":
-                head = f"deleted file mode {mode}\nindex {_PLACEHOLDER}..{NULL_BLOB}\n--- a/{path}\n+++ /dev/null"
-            else:
-                head = f"index {_PLACEHOLDER}..{_PLACEHOLDER} {mode}\n--- a/{path}\n+++ b/{path}"
+            head = [f"index {_PLACEHOLDER}..{_PLACEHOLDER} {mode}", f"a/{path}", f"b/{path}"]
+        head = f"{head[0]}\n--- {head[1]}\n+++ {head[2]}"
         blocks.append(f"diff --git a/{path} b/{path}\n{head}\n{hunks}\n")
         at = end
     if not blocks and not problems:
@@ -217,7 +237,11 @@ def _slug(title: str) -> str:
 
 
 def _next_name(series: tuple[Patch, ...], listed: list[str], target: str, subject: str) -> str:
-    numbers = [int(m.group("number")) for n in listed if (m := NAME_RE.match(n)) and m.group("target") == target]
+    numbers = [
+        int(m.group("number"))
+        for n in listed
+        if (m := NAME_RE.match(n)) and m.group("target") == target
+    ]
     title = subject.split("] ", 1)[1]
     return f"{target}/{max(numbers, default=0) + 1:04d}-{_slug(title)}.patch"
 
@@ -243,9 +267,7 @@ def import_patch(
     incoming = read_incoming(data)
     subject = subject or incoming.subject
     if not subject:
-        raise PatchFormatError(
-            "the input has no Subject", hint="pass --subject '[Tag] Title'"
-        )
+        raise PatchFormatError("the input has no Subject", hint="pass --subject '[Tag] Title'")
     if not _TAGGED.match(subject):
         raise PatchFormatError(
             f"subject {subject!r} is not of the form '[Tag] Title'",
@@ -266,9 +288,7 @@ def import_patch(
 
     blocks, problems = _blocks(incoming.diff, mode_now)
     if problems:
-        raise PatchFormatError(
-            f"{name}: refused: {len(problems)} problem(s)", details=problems
-        )
+        raise PatchFormatError(f"{name}: refused: {len(problems)} problem(s)", details=problems)
     files, problems = parse_diff("".join(blocks).encode("latin-1"))
     if problems:
         raise PatchFormatError(f"{name}: refused: {len(problems)} problem(s)", details=problems)

@@ -246,11 +246,17 @@ def commit(plan: Plan) -> int:
                 if before is not None:
                     crashpoint.reached(f"undo {rel}")
                     _write_new(staging / f"u{index}", before, 0o600)
-                    entry["before"] = {"sha256": sha256_bytes(before), "mode": _mode_text(before_mode or 0o644)}
+                    entry["before"] = {
+                        "sha256": sha256_bytes(before),
+                        "mode": _mode_text(before_mode or 0o644),
+                    }
                 if data is not None:
                     crashpoint.reached(f"stage {rel}")
                     _write_new(staging / f"n{index}", data, mode or 0o644)
-                    entry["after"] = {"sha256": sha256_bytes(data), "mode": _mode_text(mode or 0o644)}
+                    entry["after"] = {
+                        "sha256": sha256_bytes(data),
+                        "mode": _mode_text(mode or 0o644),
+                    }
                 entries.append(entry)
             record = {
                 "schema_version": SCHEMA_VERSION,
@@ -379,7 +385,9 @@ def _valid_rel(rel: object) -> None:
     if not isinstance(rel, str):
         raise ValueError(f"path {rel!r} is not a string")
     reason = path_problem(rel)
-    if reason and not (rel.startswith(STATE_DIR + "/") and path_problem(rel[len(STATE_DIR) + 1 :]) is None):
+    if reason and not (
+        rel.startswith(STATE_DIR + "/") and path_problem(rel[len(STATE_DIR) + 1 :]) is None
+    ):
         raise ValueError(reason)
     if rel.startswith(f"{STATE_DIR}/{JOURNAL_DIR}"):
         raise ValueError(f"path {rel!r} is inside the journal")
@@ -440,10 +448,10 @@ def roll_back(root: Path) -> int:
             else:
                 plan.append((index, rel, "restore", before))
         else:
-            want = " or ".join(
-                x["sha256"][:12] if x else "absent" for x in (before, after)
+            want = " or ".join(x["sha256"][:12] if x else "absent" for x in (before, after))
+            problems.append(
+                f"{rel}: expected {want}, found {'absent' if now is None else now[:12]}"
             )
-            problems.append(f"{rel}: expected {want}, found {'absent' if now is None else now[:12]}")
     if problems:
         raise TreeStateError(
             f"{root}: cannot roll back the interrupted {record['op']}: {len(problems)} path(s) "

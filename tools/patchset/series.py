@@ -161,9 +161,9 @@ def load_series(repo: Path) -> tuple[Patch, ...]:
     series_file = repo / "series"
     if not series_file.is_file():
         raise SeriesError(f"no series file at {series_file}", hint="create it (it may be empty)")
-    entries = parse_series(decode_utf8(
-            series_file.read_bytes(), "series", SeriesError, "re-save series as UTF-8"
-        ))
+    entries = parse_series(
+        decode_utf8(series_file.read_bytes(), "series", SeriesError, "re-save series as UTF-8")
+    )
     patches_dir = repo / "patches"
     problems = entry_problems(entries, patches_dir)
     patches: list[Patch] = []

@@ -152,10 +152,16 @@ def trusted_state(root: Path, touched: set[str]) -> TreeState | None:
     for path in sorted(set(state.modes) - set(state.backups) - ancestors):
         problems.append(f"modes entry {path!r} is neither a backup nor a directory of one")
     for applied in state.applied:
-        mine = {"/".join(i.path.split("/")[:d]) for i in applied.images.files for d in range(1, i.path.count("/") + 1)}
+        mine = {
+            "/".join(i.path.split("/")[:d])
+            for i in applied.images.files
+            for d in range(1, i.path.count("/") + 1)
+        }
         for directory in applied.created_dirs:
             if directory not in mine:
-                problems.append(f"{applied.name}: created_dirs entry {directory!r} is not a parent of its files")
+                problems.append(
+                    f"{applied.name}: created_dirs entry {directory!r} is not a parent of its files"
+                )
     if problems:
         raise TreeStateError(
             f"{state_dir(root) / STATE_FILE}: untrusted state: {len(problems)} problem(s); "

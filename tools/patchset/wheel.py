@@ -186,7 +186,9 @@ def plan_overlay(
             continue
         op: FileOp = "modify" if before and after else ("add" if after else "delete")
         if postimages is not None and not after and postimages.get(path) is not None:
-            raise WheelError(f"{path}: missing from the tree, series.lock has it; nothing was written")
+            raise WheelError(
+                f"{path}: missing from the tree, series.lock has it; nothing was written"
+            )
         digest = hashlib.sha256(packed_bytes(tree, path, postimages)).hexdigest() if after else None
         files.append(OverlayFile(path, op, digest, tuple(owners[path])))
     return Overlay(tuple(files), tuple(not_carried))
@@ -299,7 +301,15 @@ def build_wheel(
         record_name = f"{new_dist_info}/RECORD"
         base_record = index(parse_record(zf.read(f"{dist_info}/RECORD"), where="base RECORD"))
         plan = _plan_members(
-            zf, infos, base_record, overlay, tree, dist_info, new_dist_info, base_version, version,
+            zf,
+            infos,
+            base_record,
+            overlay,
+            tree,
+            dist_info,
+            new_dist_info,
+            base_version,
+            version,
             postimages,
         )
         record = write_record([m.record for m in plan], record_name)
@@ -586,11 +596,11 @@ def wheel_from_series(
     from .errors import NothingToDo, TreeStateError
     from .fetch import cache_dir, fetch_pin, pristine_tree, unpack_sdist
     from .lockfile import load_lock
+    from .newtree import created_if_missing
     from .pins import load_pins
     from .receipt import make_receipt, write_receipt
     from .series import for_target, load_series
     from .tree import Tree
-    from .newtree import created_if_missing
     from .treelock import DEFAULT_TIMEOUT_S, tree_lock
     from .verify import verify_tree
 
@@ -601,6 +611,7 @@ def wheel_from_series(
     lock = load_lock(root)
     tree = (tree or root / "build" / "vllm").resolve()
     out_dir = (out_dir or root / "dist").resolve()
+
     def unpack() -> None:
         log(f"unpacking {sdist_pin.filename} into {tree}")
         unpack_sdist("vllm", tree, root=root, offline=offline)
