@@ -117,31 +117,38 @@ def test_unapply_killed_at_every_write_point_recovers(ws: Workspace, signal_name
         assert snapshot(ws.tree) == applied
     else:
         raise AssertionError("unapply never finished")
+    assert point > 10
 
 
 def test_failed_rollback_is_finished_by_recover(ws: Workspace) -> None:
     """ENOSPC at write n starts the in-process rollback; a kill inside it leaves a journal that
     recover (or the next apply) finishes."""
     before, applied = _states(ws)
+    killed = 0
     for fail in (3, 8, 14, 20):
         for kill in (1, 2, 4):
             crashed = _run(ws, "apply", crash=f"{fail}:ENOSPC,{fail + kill}:KILL")
             if crashed.returncode == 0:
                 assert ws.cli("unapply") == 0
                 continue
+            killed += crashed.returncode == -9
             assert _settle(ws, before, applied, "recover") == "before"
             assert snapshot(ws.tree) == before
+    assert killed >= 6
 
 
 def test_enospc_rolls_back_in_process(ws: Workspace, capsys) -> None:
     before, _ = _states(ws)
+    failed = 0
     for point in (2, 6, 12, 18):
         result = _run(ws, "apply", crash=f"{point}:ENOSPC")
         if result.returncode == 0:
             assert ws.cli("unapply") == 0
             continue
+        failed += 1
         assert result.returncode == 1 and "No space left on device" in result.stderr
         assert snapshot(ws.tree) == before
+    assert failed >= 3
 
 
 def test_free_space_is_checked_before_the_first_write(ws: Workspace, monkeypatch, capsys) -> None:
