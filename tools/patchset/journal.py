@@ -213,6 +213,8 @@ def _signals_blocked() -> Iterator[None]:
 def commit(plan: Plan) -> int:
     """Make every change of ``plan`` all or nothing; return the number of paths changed."""
     root = plan.root
+    for rel, _data, _mode in plan.changes:
+        _check_path(root, rel)
     changes = []
     for rel, data, mode in plan.changes:
         before = _read(root / rel)
@@ -231,8 +233,6 @@ def commit(plan: Plan) -> int:
             f"{(needed + RESERVE_BYTES) >> 10} KiB, {free >> 10} KiB are free; nothing was changed",
             hint="free some space and run the command again",
         )
-    for rel, *_ in changes:
-        _check_path(root, rel)
     staging = journal_dir(root)
     entries: list[dict[str, Any]] = []
     with _signals_raise():
@@ -275,12 +275,27 @@ def commit(plan: Plan) -> int:
             crashpoint.reached("journal")
             _write_new(staging / (JOURNAL_FILE + ".tmp"), canonical_json(record).encode(), 0o600)
             os.replace(staging / (JOURNAL_FILE + ".tmp"), staging / JOURNAL_FILE)
+            _fsync_dir(staging)
             _execute(root, record)
         except BaseException:
             with _signals_blocked():
                 roll_back(root)
             raise
+        try:
+            crashpoint.reached("drop journal")
+            _drop(root)
+        except Interrupted:  # every change is made: finish the clean-up, the run succeeded
+            with _signals_blocked():
+                _drop(root)
     return len(changes)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _execute(root: Path, record: dict[str, Any]) -> None:
@@ -303,8 +318,6 @@ def _execute(root: Path, record: dict[str, Any]) -> None:
         crashpoint.reached(f"rmdir {item['path']}")
         _check_path(root, item["path"])
         (root / item["path"]).rmdir()
-    crashpoint.reached("drop journal")
-    _drop(root)
 
 
 def _drop(root: Path) -> None:
@@ -338,8 +351,11 @@ def pending(root: Path) -> bool:
 
 
 def refuse_pending(root: Path) -> None:
-    """Raise naming the interrupted run and ``patchset recover`` when a journal is pending."""
-    if not pending(root):
+    """Raise naming the interrupted run and ``patchset recover`` when a journal is pending.
+
+    Staging without ``journal.json`` is not refused: the tree then holds all of that run or
+    none of it, and the next apply/unapply/recover deletes the staging."""
+    if not os.path.lexists(journal_dir(root) / JOURNAL_FILE):
         return
     head, lines = describe(root)
     raise TreeStateError(
