@@ -73,6 +73,7 @@ def _settle(ws: Workspace, before: dict, applied: dict, command: str) -> str:
     whole state. Returns which one."""
     now = _core(snapshot(ws.tree))
     status = _run(ws, "status")
+    assert "Traceback" not in status.stderr and "exists without" not in status.stderr, status
     if now not in (_core(before), _core(applied)):
         assert status.returncode != 0, status
         assert _run(ws, "verify").returncode != 0

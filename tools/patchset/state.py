@@ -173,7 +173,12 @@ def trusted_state(root: Path, touched: set[str]) -> TreeState | None:
 
 
 def _holds_files(directory: Path) -> bool:
-    return any(not p.is_dir() or p.is_symlink() for p in directory.rglob("*"))
+    """Whether ``.patchset/`` holds files other than a journal's staging (which, without its
+    ``journal.json``, means the tree holds none of that run yet)."""
+    return any(
+        (not p.is_dir() or p.is_symlink()) and p.relative_to(directory).parts[0] != "journal"
+        for p in directory.rglob("*")
+    )
 
 
 def write_state(root: Path, state: TreeState) -> None:
