@@ -33,6 +33,7 @@ from patchset.diffparse import path_problem
 from patchset.errors import PatchsetError, TreeStateError
 from patchset.hashing import sha256_bytes
 from patchset.state import STATE_DIR, canonical_json
+from patchset.tree import Tree
 
 JOURNAL_DIR = "journal"
 JOURNAL_FILE = "journal.json"
@@ -133,19 +134,7 @@ class Plan:
 
 def _component_problem(root: Path, rel: str) -> str | None:
     """A symlink (or a non-directory parent) in any component of ``rel`` under ``root``."""
-    current = root
-    parts = rel.split("/")
-    for depth, part in enumerate(parts, start=1):
-        current = current / part
-        try:
-            info = os.lstat(current)
-        except FileNotFoundError:
-            return None
-        if stat.S_ISLNK(info.st_mode):
-            return f"{rel}: {'/'.join(parts[:depth])} is a symlink"
-        if depth < len(parts) and not stat.S_ISDIR(info.st_mode):
-            return f"{rel}: {'/'.join(parts[:depth])} is not a directory"
-    return None
+    return Tree(root).symlink_problem(rel)
 
 
 def _check_path(root: Path, rel: str) -> None:
