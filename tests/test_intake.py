@@ -68,6 +68,8 @@ def test_default_format_patch_output_is_imported(repo_ws: Workspace, tmp_path, c
     text = data.decode()
     assert text.startswith("From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001")
     assert "Subject: [Kernel] Faster thing\n" in text and "It is faster because." in text
+    date = next(line for line in raw.decode().splitlines() if line.startswith("Date: "))
+    assert date + "\n" in text
     assert "Upstream-Status: Pending\n" in text and f"Signed-off-by: {IDENTITY}\n" in text
     assert "\n-- \n" not in text and "files changed" not in text and "file changed" not in text
     index_lines = [line for line in text.splitlines() if line.startswith("index ")]

@@ -75,7 +75,10 @@ def read_incoming(data: bytes) -> Incoming:
         )
         subject = _SUBJECT_PREFIX.sub("", str(fields.get("Subject", ""))).strip() or None
         author = str(fields.get("From", "")).strip() or None
-        date = str(fields.get("Date", "")).strip() or None
+        raw = email.parser.BytesHeaderParser(policy=email.policy.compat32).parsebytes(
+            head.split("\n", 1)[1].encode("latin-1") + b"\n\n"
+        )
+        date = str(raw.get("Date", "")).strip() or None  # verbatim, as git wrote it
     try:
         body = body.encode("latin-1").decode("utf-8")
     except UnicodeDecodeError as exc:
