@@ -35,9 +35,10 @@ $(STAMP): pyproject.toml
 fetch: setup
 	$(PATCHSET) fetch $(if $(FETCH_FROM),--from $(FETCH_FROM))
 
-# apply exits 2 when the series is already applied: that is success here.
+# --if-needed: exit 0 when the series is already applied and verifies (a drifted or
+# half-written tree exits 1; exit 2 would also be an argparse usage error).
 apply: fetch
-	$(PATCHSET) apply --tree $(VLLM) || test $$? -eq 2
+	$(PATCHSET) apply --if-needed --tree $(VLLM)
 
 verify: setup
 	$(PATCHSET) verify --tree $(VLLM)

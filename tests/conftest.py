@@ -117,7 +117,7 @@ class Workspace:
         command = args[0]
         if command in ("apply", "unapply", "verify", "status", "refresh") and "--tree" not in args:
             argv += ["--tree", str(self.tree)]
-        if command in ("lock", "refresh") and "--base" not in args:
+        if command in ("lock", "refresh", "import") and "--base" not in args:
             argv += ["--base", f"vllm={self.base}"]
         return main(argv)
 

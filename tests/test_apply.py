@@ -11,7 +11,6 @@ from pathlib import Path
 from conftest import Workspace, git, patch_bytes, snapshot, write_tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from patchset.tree import Tree
 
 BASE = {
     "pkg/a.py": b"".join(b"a%d = %d\n" % (i, i) for i in range(40)),
@@ -131,32 +130,28 @@ def _lock_sha(lock_text: str, number: str) -> str:
 def test_failure_while_writing_rolls_back_every_file(ws: Workspace, monkeypatch, capsys) -> None:
     ws.setup(BASE, three_patches())
     before = snapshot(ws.tree)
-    real_write = Tree.write
-    calls = {"n": 0}
-
-    def failing_write(self: Tree, rel: str, data: bytes, mode: int) -> None:
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise OSError(28, "No space left on device")
-        real_write(self, rel, data, mode)
-
-    monkeypatch.setattr(Tree, "write", failing_write)
-    assert ws.cli("apply") == 1
-    assert "No space left on device" in capsys.readouterr().err
-    monkeypatch.setattr(Tree, "write", real_write)
-    assert snapshot(ws.tree) == before
+    for point in (3, 9, 14):
+        monkeypatch.setenv("PATCHSET_TEST_CRASH", f"{point}:ENOSPC")
+        assert ws.cli("apply") == 1
+        assert "No space left on device" in capsys.readouterr().err
+        assert snapshot(ws.tree) == before
 
 
 def test_failure_writing_state_after_partial_apply_keeps_previous_state(ws, monkeypatch) -> None:
     ws.setup(BASE, three_patches())
     assert ws.cli("apply", "--upto", "vllm/0001-one.patch") == 0
     before = snapshot(ws.tree)
-    import patchset.apply as apply_module
+    import patchset.crashpoint as crashpoint
 
-    def boom(root: Path, state: object) -> None:
-        raise OSError(5, "I/O error")
-
-    monkeypatch.setattr(apply_module, "write_state", boom)
+    labels: list[str] = []
+    monkeypatch.setenv("PATCHSET_TEST_CRASH", "999:ENOSPC")
+    monkeypatch.setattr(crashpoint, "reached", lambda label: labels.append(label))
+    assert ws.cli("apply", "--upto", "vllm/0002-two.patch") == 0
+    assert ws.cli("unapply", "--upto", "vllm/0001-one.patch") == 0
+    monkeypatch.undo()
+    last_move = max(i for i, label in enumerate(labels[: len(labels) // 2]) if "move" in label)
+    assert labels[last_move] == "move .patchset/state.json"
+    monkeypatch.setenv("PATCHSET_TEST_CRASH", f"{last_move + 1}:ENOSPC")
     assert ws.cli("apply") == 1
     assert snapshot(ws.tree) == before
 
@@ -321,18 +316,10 @@ def test_failure_while_unapplying_rolls_back_every_file(ws, monkeypatch, capsys)
     ws.setup(BASE, three_patches())
     assert ws.cli("apply") == 0
     applied = snapshot(ws.tree)
-    real_write = Tree.write
-    calls = {"n": 0}
-
-    def failing_write(self: Tree, rel: str, data: bytes, mode: int) -> None:
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise OSError(28, "No space left on device")
-        real_write(self, rel, data, mode)
-
-    monkeypatch.setattr(Tree, "write", failing_write)
-    assert ws.cli("unapply") == 1
-    assert "No space left on device" in capsys.readouterr().err
-    assert snapshot(ws.tree) == applied
-    monkeypatch.setattr(Tree, "write", real_write)
+    for point in (2, 7, 12):
+        monkeypatch.setenv("PATCHSET_TEST_CRASH", f"{point}:ENOSPC")
+        assert ws.cli("unapply") == 1
+        assert "No space left on device" in capsys.readouterr().err
+        assert snapshot(ws.tree) == applied
+    monkeypatch.delenv("PATCHSET_TEST_CRASH")
     assert ws.cli("verify") == 0

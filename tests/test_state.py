@@ -61,13 +61,17 @@ def test_malformed_or_future_state_is_refused(tmp_path: Path) -> None:
     with pytest.raises(TreeStateError, match="schema_version 2"):
         read_state(tmp_path)
     state.unlink()
+    (tmp_path / ".patchset/base").mkdir()
+    assert read_state(tmp_path) is None  # only empty directories: what a finished unapply leaves
+    (tmp_path / ".patchset/base/a.py").write_bytes(b"a\n")
     with pytest.raises(TreeStateError, match="exists without state.json"):
         read_state(tmp_path)
 
 
 def test_apply_refuses_a_tree_with_damaged_state(ws: Workspace, capsys) -> None:
     ws.setup({"a.py": b"a\n"}, [("vllm/0001-a.patch", patch_bytes({"a.py": (b"a\n", b"b\n")}))])
-    (ws.tree / ".patchset").mkdir()
+    (ws.tree / ".patchset/base").mkdir(parents=True)
+    (ws.tree / ".patchset/base/a.py").write_bytes(b"a\n")
     before = snapshot(ws.tree)
     assert ws.cli("apply") == 1
     err = capsys.readouterr().err

@@ -8,9 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from conftest import Workspace, patch_bytes, snapshot
-from patchset.errors import TreeBusy
 from patchset.treelock import tree_lock
 
 BASE = {f"m{i}.py": b"".join(b"v%d = %d\n" % (j, j) for j in range(200)) for i in range(30)}
@@ -82,10 +80,23 @@ def test_apply_refuses_with_tree_busy_after_waiting(ws: Workspace, capsys) -> No
         holder.wait()
 
 
-def test_lock_is_released_after_the_block(tmp_path: Path) -> None:
+def _other_process_can_lock(root: Path) -> bool:
+    code = (
+        "import fcntl, os, sys\n"
+        "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+        "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError:\n"
+        "    sys.exit(1)\n"
+    )
+    return subprocess.run([sys.executable, "-c", code, str(root)]).returncode == 0
+
+
+def test_lock_is_reentrant_in_process_and_released_after_the_block(tmp_path: Path) -> None:
+    """`wheel` holds the lock around apply: the inner block re-enters it; the lock stays held
+    until the outer block ends, then another process can take it."""
     with tree_lock(tmp_path, timeout=0):
-        with pytest.raises(TreeBusy):
-            with tree_lock(tmp_path, timeout=0.1):
-                pass
+        with tree_lock(tmp_path, timeout=0.1):
+            assert not _other_process_can_lock(tmp_path)
+        assert not _other_process_can_lock(tmp_path)
+    assert _other_process_can_lock(tmp_path)
     with tree_lock(tmp_path, timeout=0):
         pass

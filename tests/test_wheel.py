@@ -449,3 +449,92 @@ def test_cli_wheel_refuses_native_patch_before_applying(
     assert "vllm/0002-k.patch: csrc/k.cu: csrc/ is compiled" in err
     assert snapshot(wheel_ws.tree) == before
     assert not (wheel_ws.repo / "dist").exists()
+
+
+def test_cli_wheel_holds_the_tree_lock_and_packs_only_locked_bytes(
+    wheel_ws: Workspace, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """While `wheel` builds, an `unapply` of the same tree is refused (TreeBusy); a file changed
+    behind the lock's back is not packed: wheel exits 1 and writes neither wheel nor receipt."""
+    import subprocess
+    import sys
+
+    import patchset.wheel as wheel_module
+
+    change = {"vllm/a.py": (PRISTINE["vllm/a.py"], b"A = 42\n")}
+    wheel_ws.setup(PRISTINE, [("vllm/0001-a.patch", patch_bytes(change))])
+    real_prove = wheel_module.prove_base
+    seen: dict[str, subprocess.CompletedProcess] = {}
+
+    def prove_then_race(*args, **kwargs):
+        real_prove(*args, **kwargs)
+        seen["unapply"] = subprocess.run(
+            [sys.executable, "-m", "patchset", "-C", str(wheel_ws.repo), "unapply"]
+            + ["--tree", str(wheel_ws.tree), "--wait", "0.3"],
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "tools")},
+            capture_output=True,
+            text=True,
+        )
+        (wheel_ws.tree / "vllm/a.py").write_bytes(b"A = 1  # edited behind the lock\n")
+
+    monkeypatch.setattr(wheel_module, "prove_base", prove_then_race)
+    argv = ["-C", str(wheel_ws.repo), "wheel", "--tree", str(wheel_ws.tree)]
+    assert main(argv) == 1
+    assert seen["unapply"].returncode == 1
+    assert "locked by another patchset process" in seen["unapply"].stderr
+    err = capsys.readouterr().err
+    assert "vllm/a.py" in err and "not the postimage in series.lock" in err
+    out = wheel_ws.repo / "dist"
+    assert not out.exists() or not [p for p in out.iterdir() if p.suffix in (".whl", ".json")]
+
+
+def test_cli_wheel_removes_temp_files_of_killed_runs_only(
+    wheel_ws: Workspace, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A `.wheel-*.tmp` left by a killed run is removed by the next build; one that a live
+    build holds (flock) is left alone."""
+    change = {"vllm/a.py": (PRISTINE["vllm/a.py"], b"A = 42\n")}
+    wheel_ws.setup(PRISTINE, [("vllm/0001-a.patch", patch_bytes(change))])
+    out = wheel_ws.repo / "dist"
+    out.mkdir()
+    stale = out / ".wheel-killed.tmp"
+    stale.write_bytes(b"x" * 1000)
+    live = out / ".wheel-live.tmp"
+    live.write_bytes(b"y")
+    for path in (stale, live):
+        os.utime(path, (1, 1))
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, time\nf = open(sys.argv[1], 'rb+')\n"
+            "fcntl.flock(f, fcntl.LOCK_EX)\nprint('locked', flush=True)\ntime.sleep(60)\n",
+            str(live),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"locked\n"
+        assert main(["-C", str(wheel_ws.repo), "wheel", "--tree", str(wheel_ws.tree)]) == 0
+        assert not stale.exists() and live.exists()
+        assert "removed 1 temporary file(s) of killed wheel runs" in capsys.readouterr().out
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_cli_wheel_blames_a_corrupted_build_base_not_the_pins(
+    wheel_ws: Workspace, capsys: pytest.CaptureFixture[str]
+) -> None:
+    change = {"vllm/a.py": (PRISTINE["vllm/a.py"], b"A = 42\n")}
+    wheel_ws.setup(PRISTINE, [("vllm/0001-a.patch", patch_bytes(change))])
+    argv = ["-C", str(wheel_ws.repo), "wheel", "--tree", str(wheel_ws.tree)]
+    assert main(argv) == 0
+    damaged = wheel_ws.repo / "build/base/vllm/vllm/gone.py"
+    os.chmod(damaged, 0o644)
+    damaged.write_bytes(b"tampered\n")
+    capsys.readouterr()
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "build/base/vllm" in err and "vllm/gone.py" in err and "pinned sdist" in err
+    assert "pins.toml" not in err

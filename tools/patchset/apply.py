@@ -9,12 +9,10 @@ did not exist is removed, so the tree is byte-identical to before.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-from patchset import gittree
+from patchset import gittree, journal, lockfile
 from patchset.diffparse import apply_file, reverse
 from patchset.errors import (
     DriftError,
@@ -28,7 +26,14 @@ from patchset.errors import (
 from patchset.hashing import sha256_bytes
 from patchset.lockfile import series_differences
 from patchset.model import AppliedPatch, Lock, Patch, PatchImages, TreeState
-from patchset.state import BASE_DIR, backup_path, read_state, state_dir, write_state
+from patchset.state import (
+    STATE_DIR,
+    backup_path,
+    backup_rel,
+    state_rel,
+    state_to_json,
+    trusted_state,
+)
 from patchset.tree import Tree, file_mode
 from patchset.treelock import DEFAULT_TIMEOUT_S, tree_lock
 
@@ -81,6 +86,11 @@ def check_stack(
             )
 
 
+def touched_paths(patches: tuple[Patch, ...]) -> set[str]:
+    """Every path the patches touch (what the in-tree state may name)."""
+    return {path for patch in patches for path in patch.paths}
+
+
 def select_upto(patches: tuple[Patch, ...], upto: str | None) -> tuple[Patch, ...]:
     """``patches`` up to and including ``upto`` (all when None)."""
     if upto is None:
@@ -94,11 +104,20 @@ def select_upto(patches: tuple[Patch, ...], upto: str | None) -> tuple[Patch, ..
     return patches[: names.index(upto) + 1]
 
 
-def _lock_entries(lock: Lock, patches: tuple[Patch, ...]) -> dict[str, PatchImages]:
+def _lock_entries(
+    lock: Lock, patches: tuple[Patch, ...], pins: dict[str, str], series: tuple[Patch, ...]
+) -> dict[str, PatchImages]:
+    shapes = lockfile.shape_problems(series)
+    if shapes:
+        raise PatchDoesNotApply(
+            "the series changes a file into a directory; nothing was changed",
+            hint="split the change: git cannot express it without a rename either",
+            details=shapes,
+        )
     stale = series_differences(
         Lock(lock.pins, tuple(e for e in lock.patches if e.name in {p.name for p in patches}), {}),
         patches,
-        dict(lock.pins),
+        pins,
     )
     if stale:
         raise LockError(
@@ -129,24 +148,39 @@ def apply_series(
     target: str,
     upto: str | None = None,
     base_pin: str | None = None,
+    pins: dict[str, str] | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
     log: Log = _quiet,
 ) -> Outcome:
-    """Apply the target's ``patches`` (series order) not yet applied, up to ``upto``."""
+    """Apply the target's ``patches`` (series order) not yet applied, up to ``upto``.
+
+    ``pins`` (``pins.toml``'s digests) must equal the lock's; None trusts the lock's own.
+    """
     selected = select_upto(patches, upto)
     with tree_lock(tree.root, timeout):
-        state = read_state(tree.root)
+        recover_tree(tree, log)
+        state = trusted_state(tree.root, touched_paths(patches))
         check_stack(state, patches, target)
         applied = state.applied if state else ()
         todo = selected[len(applied) :]
         if not todo:
+            if state is not None:
+                _refuse_drift(tree, state)
             where = f"up to {upto}" if upto else f"all {len(patches)}"
             raise NothingToDo(
                 f"{tree.root}: {where} patch(es) of {target} already applied "
                 f"({len(applied)} applied)",
                 hint="patchset verify checks them; patchset unapply --upto goes back",
             )
-        entries = _lock_entries(lock, todo)
+        pinned = dict(lock.pins) if pins is None else pins
+        entries = _lock_entries(lock, todo, pinned, patches)
+        wanted = pinned.get(f"{target}.sdist")
+        if state and state.base_pin and wanted and state.base_pin != wanted:
+            raise TreeStateError(
+                f"{tree.root} was patched from base {state.base_pin[:12]}, the pins say "
+                f"{wanted[:12]}; nothing was changed",
+                hint="unapply, start from a tree of the pinned release, apply again",
+            )
         head = gittree.head_commit(tree.root)
         if head:
             log(f"{tree.root} is a git checkout at {head}")
@@ -197,6 +231,14 @@ def apply_series(
             log(f"Applying {patch.name} ({first + offset + 1}/{total})")
             images = entries[patch.name]
             for fp in patch.files:
+                expected = images.image(fp.path)
+                have = _sha(contents[fp.path])
+                if expected is None or have != expected.pre:
+                    raise HashMismatch(
+                        f"{patch.name}: {fp.path}: preimage {_short(have)} is not the lock's "
+                        f"{_short(expected.pre if expected else None)}; nothing was changed",
+                        hint="series.lock was edited or is stale: run patchset lock --check",
+                    )
                 try:
                     post = apply_file(contents[fp.path], fp)
                 except PatchDoesNotApply as exc:
@@ -204,7 +246,6 @@ def apply_series(
                         f"{patch.name} does not apply: {exc.message}; nothing was changed",
                         hint="the lock's preimages matched, so the patch itself is broken",
                     ) from None
-                expected = images.image(fp.path)
                 got = _sha(post)
                 if expected is None or got != expected.post:
                     raise HashMismatch(
@@ -214,98 +255,61 @@ def apply_series(
                     )
                 contents[fp.path] = post
 
-        new_applied = list(applied)
-        for patch in todo:
-            new_applied.append(AppliedPatch(entries[patch.name]))
+        new_applied = [*applied, *(AppliedPatch(entries[p.name]) for p in todo)]
+        plan = journal.Plan(tree.root, "apply", tuple(p.name for p in todo))
+        modes = dict(state.modes) if state else {}
+        for path, data in originals.items():
+            if path not in backups:
+                backups[path] = _sha(data)
+                if data is not None:
+                    plan.put(backup_rel(path), data, 0o644)
+                    modes[path] = f"{tree.mode(path):04o}"
         mode_of = {fp.path: fp.mode for patch in todo for fp in patch.files}
-        writer = _Writer(tree)
-        try:
-            state_dir(tree.root).mkdir(exist_ok=True)
-            for path, data in originals.items():
-                if path not in backups:
-                    writer.backup(path, data)
-                    backups[path] = _sha(data)
-            created: dict[str, list[str]] = {}
-            for path, data in contents.items():
-                if data == originals[path]:
-                    continue
-                if data is None:
-                    writer.remove(path, originals[path])
-                    continue
-                owner = next(p.name for p in todo if path in p.paths)
-                created.setdefault(owner, []).extend(writer.make_parents(path))
-                keep = tree.mode(path)
-                writer.write(path, data, keep if keep is not None else file_mode(mode_of[path]))
-            for index, item in enumerate(new_applied):
-                dirs = created.get(item.name)
-                if dirs:
-                    new_applied[index] = replace(item, created_dirs=tuple(dirs))
-            gittree.exclude_state_dir(tree.root)
-            new_state = TreeState(
-                target,
-                state.base_pin if state else base_pin,
-                state.git_head if state else head,
-                tuple(new_applied),
-                backups,
-            )
-            write_state(tree.root, new_state)
-        except BaseException:
-            writer.rollback()
-            raise
-        log(f"Applied {len(todo)} patch(es) to {tree.root}: {writer.count} file(s) written")
-        return Outcome(tuple(p.name for p in todo), writer.count, head)
+        created: dict[str, list[str]] = {}
+        for path, data in contents.items():
+            if data == originals[path]:
+                continue
+            if data is None:
+                plan.delete(path)
+                continue
+            owner = next(p.name for p in todo if path in p.paths)
+            keep = tree.mode(path)
+            mode = keep if keep is not None else file_mode(mode_of[path])
+            created.setdefault(owner, []).extend(plan.put(path, data, mode))
+        for directory in plan.emptied_dirs():
+            modes[directory] = f"{tree.mode(directory):04o}"
+        for index, item in enumerate(new_applied):
+            dirs = created.get(item.name)
+            if dirs:
+                new_applied[index] = replace(item, created_dirs=tuple(dirs))
+        new_state = TreeState(
+            target,
+            state.base_pin if state else base_pin,
+            state.git_head if state else head,
+            tuple(new_applied),
+            backups,
+            modes,
+        )
+        plan.put(state_rel(), state_to_json(new_state).encode("utf-8"), 0o644)
+        gittree.exclude_state_dir(tree.root)
+        journal.commit(plan)
+        count = sum(1 for path in contents if contents[path] != originals[path])
+        log(f"Applied {len(todo)} patch(es) to {tree.root}: {count} file(s) written")
+        return Outcome(tuple(p.name for p in todo), count, head)
 
 
-class _Writer:
-    """Writes into a tree and remembers how to undo every write (for all-or-nothing)."""
+def recover_tree(tree: Tree, log: Log = _quiet) -> bool:
+    """Roll back a run that was killed or failed mid-write (caller holds the tree lock).
 
-    def __init__(self, tree: Tree):
-        self.tree = tree
-        self.had_state = state_dir(tree.root).exists()
-        self.undo: list[Callable[[], None]] = []
-        self.count = 0
-
-    def backup(self, path: str, data: bytes | None) -> None:
-        if data is None:
-            return
-        target = backup_path(self.tree.root, path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-        self.undo.append(lambda: target.unlink(missing_ok=True))
-
-    def make_parents(self, path: str) -> list[str]:
-        dirs = self.tree.make_parents(path)
-        if dirs:
-            self.undo.append(lambda: self.tree.remove_empty_dirs(dirs))
-        return dirs
-
-    def write(self, path: str, data: bytes, mode: int) -> None:
-        self._remember(path)
-        self.tree.write(path, data, mode)
-        self.count += 1
-
-    def remove(self, path: str, original: bytes | None) -> None:
-        self._remember(path)
-        self.tree.remove(path)
-        self.count += 1
-
-    def _remember(self, path: str) -> None:
-        before = self.tree.read(path)
-        mode = self.tree.mode(path)
-
-        def restore() -> None:
-            if before is None:
-                self.tree.remove(path)
-            else:
-                self.tree.write(path, before, mode if mode is not None else 0o644)
-
-        self.undo.append(restore)
-
-    def rollback(self) -> None:
-        for action in reversed(self.undo):
-            action()
-        if not self.had_state:
-            shutil.rmtree(state_dir(self.tree.root), ignore_errors=True)
+    Returns whether there was anything to recover.
+    """
+    if not journal.pending(tree.root):
+        return False
+    head, _ = journal.describe(tree.root)
+    log(f"{tree.root}: {head}; rolling it back")
+    moved = journal.roll_back(tree.root)
+    log(f"Rolled back {moved} path(s); every journalled path is back at its hash from before")
+    return True
 
 
 def unapply_series(
@@ -323,7 +327,8 @@ def unapply_series(
     reversal each file must hash to its recorded preimage (else HashMismatch).
     """
     with tree_lock(tree.root, timeout):
-        state = read_state(tree.root)
+        recover_tree(tree, log)
+        state = trusted_state(tree.root, touched_paths(patches))
         if state is None:
             raise NothingToDo(f"{tree.root}: no patch is applied", hint="patchset apply")
         names = list(state.applied_names)
@@ -342,6 +347,17 @@ def unapply_series(
         by_name = {p.name: p for p in patches}
         expected = state.expected()
         touched = list(dict.fromkeys(i.path for a in removing for i in a.images.files))
+        through = [
+            reason
+            for path in [*touched, *(d for a in removing for d in a.created_dirs)]
+            if (reason := tree.symlink_problem(path))
+        ]
+        if through:
+            raise PatchFormatError(
+                "the tree's paths go through a symlink or a file; nothing was changed",
+                hint="a symlink was planted after apply: remove it and restore the directory",
+                details=through,
+            )
         current = {path: tree.read(path) for path in touched}
         drift = [
             f"{path}: expected {_short(expected[path][0])}, found {_short(_sha(current[path]))} "
@@ -393,34 +409,62 @@ def unapply_series(
             )
         remaining = state.applied[:keep]
         still = {i.path for a in remaining for i in a.images.files}
-        writer = _Writer(tree)
-        try:
-            for path, data in contents.items():
-                if data == current[path]:
-                    continue
-                if data is None:
-                    writer.remove(path, current[path])
-                else:
-                    writer.make_parents(path)
-                    mode = tree.mode(path)
-                    fallback = next(
-                        i.mode for a in removing for i in a.images.files if i.path == path
-                    )
-                    writer.write(path, data, mode if mode is not None else file_mode(fallback))
-            tree.remove_empty_dirs([d for a in removing for d in a.created_dirs])
-            if not remaining:
-                shutil.rmtree(state_dir(tree.root))
-            else:
-                backups = {p: s for p, s in state.backups.items() if p in still}
-                write_state(tree.root, replace(state, applied=remaining, backups=backups))
-                for path in set(state.backups) - still:
-                    backup_path(tree.root, path).unlink(missing_ok=True)
-                tree.remove_empty_dirs(_backup_dirs(tree.root))
-        except BaseException:
-            writer.rollback()
-            raise
-        log(f"Unapplied {len(removing)} patch(es) from {tree.root}: {writer.count} file(s) written")
-        return Outcome(tuple(a.name for a in reversed(removing)), writer.count, state.git_head)
+        made = {d for a in removing for d in a.created_dirs}
+        plan = journal.Plan(
+            tree.root,
+            "unapply",
+            tuple(a.name for a in reversed(removing)),
+            removable=lambda d: d in made or d.startswith(STATE_DIR + "/"),
+            dir_modes={d: int(m, 8) for d, m in state.modes.items() if d not in state.backups},
+        )
+        for path, data in contents.items():
+            if data == current[path]:
+                continue
+            if data is None:
+                plan.delete(path)
+                continue
+            mode = tree.mode(path)
+            if mode is None and path in state.modes:
+                mode = int(state.modes[path], 8)
+            if mode is None:
+                mode = file_mode(
+                    next(i.mode for a in removing for i in a.images.files if i.path == path)
+                )
+            plan.put(path, data, mode)
+        for path in sorted(set(state.backups) - still):
+            if state.backups[path] is not None:
+                plan.delete(backup_rel(path))
+        if not remaining:
+            plan.delete(state_rel())
+        else:
+            kept_modes = {
+                p: m
+                for p, m in state.modes.items()
+                if p in still or any(s.startswith(p + "/") for s in still)
+            }
+            backups = {p: s for p, s in state.backups.items() if p in still}
+            new_state = replace(state, applied=remaining, backups=backups, modes=kept_modes)
+            plan.put(state_rel(), state_to_json(new_state).encode("utf-8"), 0o644)
+        count = journal.commit(plan)
+        files = sum(1 for p in contents if contents[p] != current[p])
+        log(f"Unapplied {len(removing)} patch(es) from {tree.root}: {files} file(s) written")
+        return Outcome(tuple(a.name for a in reversed(removing)), count, state.git_head)
+
+
+def _refuse_drift(tree: Tree, state: TreeState) -> None:
+    """An 'applied' tree whose files are off their postimages is an error, not nothing to do."""
+    drift = [
+        f"{path}: expected {_short(sha)}, found {_short(_sha(tree.read(path)))} (owned by {owner})"
+        for path, (sha, owner) in sorted(state.expected().items())
+        if _sha(tree.read(path)) != sha
+    ]
+    if drift:
+        raise DriftError(
+            f"{tree.root}: the state says the series is applied but {len(drift)} file(s) "
+            "drifted from their postimages",
+            hint="restore them, or patchset unapply and apply again",
+            details=drift,
+        )
 
 
 def _reverse_one(
@@ -470,10 +514,3 @@ def stack_reader(
         return data
 
     return read
-
-
-def _backup_dirs(root: Path) -> list[str]:
-    base = state_dir(root) / BASE_DIR
-    if not base.exists():
-        return []
-    return [p.relative_to(root).as_posix() for p in base.rglob("*") if p.is_dir()]

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from patchset import __version__
-from patchset.apply import apply_series, stack_reader, unapply_series
+from patchset import __version__, crashpoint, journal
+from patchset.apply import apply_series, recover_tree, stack_reader, unapply_series
 from patchset.errors import LockError, NothingToDo, PatchsetError, TreeStateError
 from patchset.lockfile import (
     BaseReader,
@@ -26,11 +25,12 @@ from patchset.lockfile import (
     write_lock,
 )
 from patchset.model import TARGETS, Lock, Patch
+from patchset.newtree import created_if_missing
 from patchset.refresh import refresh_patch, write_file_atomic
 from patchset.series import for_target, load_series
 from patchset.state import read_state
 from patchset.tree import Tree
-from patchset.treelock import DEFAULT_TIMEOUT_S
+from patchset.treelock import DEFAULT_TIMEOUT_S, tree_lock
 from patchset.verify import tree_status, verify_tree
 
 
@@ -62,6 +62,8 @@ def _tree_target(args: argparse.Namespace, repo: Path) -> tuple[Tree, str]:
         target = _target(args)
         return _existing_tree(_tree(args, repo, target)), target
     tree = _existing_tree(_tree(args, repo, "vllm"))
+    if journal.pending(tree.root):  # the command recovers (or names) it; state is not read yet
+        return tree, "vllm"
     state = read_state(tree.root)
     return tree, state.target if state else "vllm"
 
@@ -98,26 +100,36 @@ def cmd_apply(args: argparse.Namespace, repo: Path) -> int:
     patches = for_target(load_series(repo), target)
     lock = load_lock(repo)
     tree = _tree(args, repo, target)
-    created = not tree.root.exists()
-    if created:
-        _create_tree(tree, repo, target)
+    unpack = lambda: _create_tree(tree, repo, target)  # noqa: E731
     try:
-        outcome = apply_series(
-            tree,
-            patches,
-            lock,
-            target=target,
-            upto=args.upto,
-            base_pin=_base_pin(repo, target),
-            timeout=args.wait,
-            log=_info,
-        )
-    except BaseException:
-        if created:
-            shutil.rmtree(tree.root, ignore_errors=True)
+        with created_if_missing(tree.root, unpack, args.wait, _info):
+            outcome = apply_series(
+                tree,
+                patches,
+                lock,
+                target=target,
+                upto=args.upto,
+                base_pin=_base_pin(repo, target),
+                pins=pin_digests(repo),
+                timeout=args.wait,
+                log=_info,
+            )
+    except NothingToDo:
+        if args.if_needed:
+            _info(f"{tree.root}: the series is already applied and its files verify")
+            return 0
         raise
     if outcome.git_head:
         _info(f"git checkout at {outcome.git_head}")
+    return 0
+
+
+def cmd_recover(args: argparse.Namespace, repo: Path) -> int:
+    target = _target(args)
+    tree = _existing_tree(_tree(args, repo, target))
+    with tree_lock(tree.root, args.wait):
+        if not recover_tree(tree, _info):
+            raise NothingToDo(f"{tree.root}: no interrupted run to recover")
     return 0
 
 
@@ -237,6 +249,36 @@ def _write_lock(repo: Path, patches: tuple[Patch, ...], bases: dict[str, BaseRea
     return computed.lock
 
 
+def cmd_import(args: argparse.Namespace, repo: Path) -> int:
+    from patchset.intake import git_identity, import_patch
+
+    target = args.target or (args.name.split("/", 1)[0] if args.name else "vllm")
+    data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+    base_dir = _pristine_bases(args, repo, [target])[target]
+    series = load_series(repo)
+    bases = _bases(args, repo, series)
+    bases[target] = _dir_reader(base_dir)
+
+    def base_mode(path: str) -> str | None:
+        found = base_dir / path
+        if not found.is_file() or found.is_symlink():
+            return None
+        return "100755" if found.stat().st_mode & 0o111 else "100644"
+
+    name, _ = import_patch(
+        repo,
+        data,
+        target=target,
+        bases=bases,
+        base_mode=base_mode,
+        identity=git_identity(repo),
+        subject=args.subject,
+        name=args.name,
+    )
+    _info(f"Imported {name}: patches/{name}, listed in series, series.lock updated")
+    return 0
+
+
 def cmd_lock(args: argparse.Namespace, repo: Path) -> int:
     patches = load_series(repo)
     if not args.check:
@@ -276,7 +318,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("apply", help="apply the series (all or nothing)")
     tree_args(p)
     p.add_argument("--upto", help="stop after this patch")
+    p.add_argument(
+        "--if-needed",
+        action="store_true",
+        help="exit 0 (not 2) when the series is already applied and its files verify",
+    )
     p.set_defaults(func=cmd_apply)
+    p = sub.add_parser("recover", help="roll back a run that was killed or failed mid-write")
+    tree_args(p)
+    p.set_defaults(func=cmd_recover)
     p = sub.add_parser("unapply", help="unapply, newest first")
     tree_args(p)
     p.add_argument("--upto", help="keep this patch (and those below) applied")
@@ -293,6 +343,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("patch")
     p.add_argument("--base", action="append", help="TARGET=DIR base tree for the lock")
     p.set_defaults(func=cmd_refresh)
+    p = sub.add_parser("import", help="add a format-patch, git diff or plain diff to the series")
+    p.add_argument("file", help="the patch file ('-': stdin)")
+    p.add_argument("--subject", help="'[Tag] Title' when the input has none (or to replace it)")
+    p.add_argument("--name", help="the series entry (default: <target>/<next NNNN>-<slug>.patch)")
+    p.add_argument("--target", choices=TARGETS, help="default: vllm, or --name's target")
+    p.add_argument("--base", action="append", help="TARGET=DIR pristine base (default: fetch)")
+    p.add_argument("--offline", action="store_true", help="never run pip; use the cache only")
+    p.set_defaults(func=cmd_import)
     p = sub.add_parser("lock", help="regenerate series.lock (or --check it)")
     p.add_argument("--check", action="store_true", help="exit 1 if series.lock is stale")
     p.add_argument("--base", action="append", help="TARGET=DIR pristine base (default: fetch)")
@@ -531,6 +589,7 @@ def _add_upstream_commands(sub: argparse._SubParsersAction) -> None:  # type: ig
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    crashpoint.reset()
     try:
         repo = Path(args.repo).resolve() if args.repo else find_repo(Path.cwd().resolve())
         return int(args.func(args, repo))

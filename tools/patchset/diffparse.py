@@ -19,7 +19,7 @@ from patchset.errors import PatchDoesNotApply
 from patchset.model import FILE_MODES, FileOp, FilePatch, Hunk
 
 NULL_BLOB = "0" * 40
-_GIT_HEADER = re.compile(r"^diff --git a/(?P<old>\S+) b/(?P<new>\S+)$")
+_ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
 _INDEX = re.compile(r"^index (?P<old>[0-9a-f]+)\.\.(?P<new>[0-9a-f]+)(?: (?P<mode>\d+))?$")
 _REFUSED_HEADERS = {
     "similarity index": "rename or copy (export with --no-renames)",
@@ -46,6 +46,59 @@ def path_problem(path: str) -> str | None:
     if parts[0] in _RESERVED_TOP:
         return f"path {path!r} is inside reserved directory {parts[0]}/"
     return None
+
+
+def unquote(token: str) -> str:
+    """A path as git writes it (C-quoted when ``core.quotePath`` asks, else raw bytes; the diff
+    is decoded as latin-1) -> the UTF-8 path. Raises ValueError when it is not UTF-8."""
+    if len(token) >= 2 and token[0] == token[-1] == '"':
+        out = bytearray()
+        body = token[1:-1]
+        at = 0
+        while at < len(body):
+            char = body[at]
+            if char != "\\":
+                out += char.encode("latin-1")
+                at += 1
+            elif body[at + 1 : at + 2] in _ESCAPES:
+                out.append(_ESCAPES[body[at + 1]])
+                at += 2
+            elif re.fullmatch(r"[0-7]{3}", body[at + 1 : at + 4]):
+                out.append(int(body[at + 1 : at + 4], 8))
+                at += 4
+            else:
+                raise ValueError(f"bad escape in quoted path {token!r}")
+        raw = bytes(out)
+    else:
+        raw = token.encode("latin-1")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"path {raw!r} is not UTF-8") from exc
+
+
+def _header_paths(line: str) -> tuple[str, str] | None:
+    """The (old, new) paths of a ``diff --git`` line, ``a/``/``b/`` prefixes removed."""
+    rest = line[len("diff --git ") :]
+    quoted = re.fullmatch(r'("(?:[^"\\]|\\.)*"|\S+) ("(?:[^"\\]|\\.)*"|\S+)', rest)
+    if quoted and ('"' in rest):
+        old, new = unquote(quoted.group(1)), unquote(quoted.group(2))
+    elif len(rest) % 2 == 1 and rest[: len(rest) // 2][2:] == rest[len(rest) // 2 + 1 :][2:]:
+        half = len(rest) // 2  # unquoted and the same path twice: may contain spaces
+        old, new = unquote(rest[:half]), unquote(rest[half + 1 :])
+    elif quoted:
+        old, new = unquote(quoted.group(1)), unquote(quoted.group(2))
+    else:
+        return None
+    if not (old.startswith("a/") and new.startswith("b/")):
+        return None
+    return old[2:], new[2:]
+
+
+def _side_path(line: str) -> str:
+    """The path of a ``---``/``+++`` line (quoting undone, git's trailing tab dropped)."""
+    token = line[4:].removesuffix("\t")
+    return token if token == "/dev/null" else unquote(token)
 
 
 def split_lines(data: bytes) -> list[bytes]:
@@ -90,14 +143,17 @@ def parse_diff(diff: bytes) -> tuple[list[FilePatch], list[str]]:
 
 
 def _parse_block(block: list[str]) -> tuple[FilePatch | None, list[str]]:
-    match = _GIT_HEADER.match(block[0])
-    if not match:
-        return None, [f"unsupported diff header {block[0]!r} (quoted or unusual path?)"]
-    path = match.group("new")
+    try:
+        names = _header_paths(block[0])
+    except ValueError as exc:
+        return None, [f"{block[0].encode('latin-1').decode('utf-8', 'replace')}: {exc}"]
+    if names is None:
+        return None, [f"unsupported diff header {block[0]!r}"]
+    old_path, path = names
     problems: list[str] = []
-    if match.group("old") != path:
-        problems.append(f"{path}: rename from {match.group('old')} (export with --no-renames)")
-    for candidate in {match.group("old"), path}:
+    if old_path != path:
+        problems.append(f"{path}: rename from {old_path} (export with --no-renames)")
+    for candidate in {old_path, path}:
         reason = path_problem(candidate)
         if reason:
             problems.append(reason)
@@ -113,6 +169,8 @@ def _parse_block(block: list[str]) -> tuple[FilePatch | None, list[str]]:
         refused = next((why for key, why in _REFUSED_HEADERS.items() if line.startswith(key)), None)
         if refused:
             problems.append(f"{path}: {refused} ({line.strip()!r})")
+            if refused == "binary hunk":
+                break  # the rest of the block is binary data, not header lines
         elif line.startswith(("old mode ", "new mode ")):
             mode_change[line.split()[0]] = line.split()[-1]
         elif line.startswith("new file mode "):
@@ -150,7 +208,16 @@ def _parse_hunks(path: str, body: list[str], op: FileOp) -> tuple[list[Hunk], li
         return [], []
     expect_old = "/dev/null" if op == "add" else f"a/{path}"
     expect_new = "/dev/null" if op == "delete" else f"b/{path}"
-    if len(body) < 2 or body[0] != f"--- {expect_old}" or body[1] != f"+++ {expect_new}":
+    try:
+        sides = [_side_path(line) for line in body[:2]]
+    except ValueError as exc:
+        return [], [f"{path}: {exc}"]
+    if (
+        len(body) < 2
+        or not body[0].startswith("--- ")
+        or not body[1].startswith("+++ ")
+        or sides != [expect_old, expect_new]
+    ):
         return [], [f"{path}: '---'/'+++' lines are not '{expect_old}'/'{expect_new}'"]
     try:
         patch_set = PatchSet([line + "\n" for line in body])
@@ -208,7 +275,8 @@ def apply_file(pre: bytes | None, patch: FilePatch) -> bytes | None:
             raise PatchDoesNotApply(f"{patch.path}: patch adds the file but it already exists")
         return b"".join(line for h in patch.hunks for line in h.new_lines)
     if pre is None:
-        raise PatchDoesNotApply(f"{patch.path}: patch {patch.op}s the file but it does not exist")
+        verb = {"modify": "modifies", "delete": "deletes"}[patch.op]
+        raise PatchDoesNotApply(f"{patch.path}: patch {verb} the file but it does not exist")
     lines = split_lines(pre)
     out: list[bytes] = []
     cursor = 0
@@ -221,6 +289,12 @@ def apply_file(pre: bytes | None, patch: FilePatch) -> bytes | None:
                 f"{patch.path}: hunk @@ -{hunk.old_start},{hunk.old_len} does not match "
                 "(exact context, zero fuzz)"
             )
+        if patch.op == "modify" and not any(kind == " " for kind, _ in hunk.lines):
+            if at != 0 and at + len(old) != len(lines):
+                raise PatchDoesNotApply(
+                    f"{patch.path}: hunk @@ -{hunk.old_start},{hunk.old_len} has no context "
+                    "lines (made with -U0?); refused except at the start or end of a file"
+                )
         out += lines[cursor:at]
         out += hunk.new_lines
         cursor = at + len(old)

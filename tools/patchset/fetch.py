@@ -291,3 +291,33 @@ def _find_in(directory: Path, filename: str) -> Path | None:
         if candidate.is_file():
             return candidate
     return None
+
+
+def pristine_differences(target: str, tree: Path, *, root: Path | None = None) -> list[str]:
+    """The files of the unpacked ``tree`` that are not the pinned sdist's (changed, missing,
+    or extra), read against the verified archive itself."""
+    root = root or find_root()
+    pin = load_pins(root / "pins.toml").get(target, "sdist")
+    archive = fetch_pin(pin, cache_dir(root), offline=True).path
+    prefix = f"{pin.top_dir}/"
+    seen: set[str] = set()
+    out: list[str] = []
+    with tarfile.open(archive, "r:*") as tar:
+        for member in tar:
+            if not member.isreg() or not member.name.startswith(prefix):
+                continue
+            rel = member.name[len(prefix) :]
+            seen.add(rel)
+            source = tar.extractfile(member)
+            data = source.read() if source else b""
+            path = tree / rel
+            if not path.is_file():
+                out.append(f"{rel}: missing")
+            elif path.read_bytes() != data:
+                out.append(f"{rel}: changed")
+    for dirpath, _dirs, files in os.walk(tree):
+        for name in files:
+            rel = os.path.relpath(os.path.join(dirpath, name), tree)
+            if rel not in seen:
+                out.append(f"{rel}: not in the sdist")
+    return sorted(out)

@@ -49,10 +49,35 @@ def pin_digests(repo: Path) -> dict[str, str]:
     return {pin.key: pin.sha256 for pin in load_pins(repo / "pins.toml")}
 
 
+def shape_problems(patches: tuple[Patch, ...]) -> list[str]:
+    """Paths of one target that the series uses both as a file and as a directory (a file that
+    becomes a directory, or the reverse): refused, like git refuses them without a rename."""
+    out = []
+    for target in dict.fromkeys(p.target for p in patches):
+        paths = {path: p.name for p in patches if p.target == target for path in p.paths}
+        for path, name in sorted(paths.items()):
+            parts = path.split("/")
+            for depth in range(1, len(parts)):
+                parent = "/".join(parts[:depth])
+                if parent in paths:
+                    out.append(
+                        f"{parent} is a file and a directory in the series "
+                        f"({paths[parent]} touches {parent}, {name} touches {path})"
+                    )
+    return out
+
+
 def compute_lock(
     patches: tuple[Patch, ...], bases: dict[str, BaseReader], pins: dict[str, str]
 ) -> Computed:
     """Apply ``patches`` in memory to ``bases`` (one reader per target) and record every image."""
+    shapes = shape_problems(patches)
+    if shapes:
+        raise PatchDoesNotApply(
+            f"the series changes a file into a directory: {len(shapes)} path(s)",
+            hint="split the change: git cannot express it without a rename either",
+            details=shapes,
+        )
     contents: dict[str, dict[str, bytes | None]] = {}
     modes: dict[str, dict[str, str]] = {}
     entries: list[PatchImages] = []
@@ -135,9 +160,12 @@ def lock_from_json(text: str, where: str = LOCK_FILE) -> Lock:
 def load_lock(repo: Path) -> Lock:
     path = repo / LOCK_FILE
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise LockError(f"no {LOCK_FILE} in {repo}", hint="run patchset lock") from None
+    from patchset.series import decode_utf8
+
+    text = decode_utf8(data, LOCK_FILE, LockError, "run patchset lock")
     return lock_from_json(text, str(path))
 
 
@@ -145,7 +173,7 @@ def write_lock(repo: Path, lock: Lock) -> bool:
     """Write ``series.lock``; return whether its bytes changed."""
     path = repo / LOCK_FILE
     text = lock_to_json(lock)
-    if path.is_file() and path.read_text(encoding="utf-8") == text:
+    if path.is_file() and path.read_bytes() == text.encode("utf-8"):
         return False
     tmp = path.with_name(LOCK_FILE + ".tmp")
     tmp.write_text(text, encoding="utf-8")

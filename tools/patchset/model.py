@@ -173,7 +173,9 @@ class TreeState:
     """``.patchset/state.json``: which patches are applied to this tree, and from what.
 
     ``backups`` maps each touched path to the sha256 of its pristine bytes kept under
-    ``.patchset/base/`` (None: the path did not exist before the series).
+    ``.patchset/base/`` (None: the path did not exist before the series); ``modes`` the
+    permission bits (octal text) of each pristine file and of each directory a deletion removed,
+    so unapply restores them.
     """
 
     target: str
@@ -181,6 +183,7 @@ class TreeState:
     git_head: str | None
     applied: tuple[AppliedPatch, ...] = ()
     backups: dict[str, str | None] = field(default_factory=dict)
+    modes: dict[str, str] = field(default_factory=dict)
 
     @property
     def applied_names(self) -> tuple[str, ...]:

@@ -21,7 +21,7 @@ from patchset.errors import HashMismatch, PatchFormatError, TreeStateError
 from patchset.hashing import git_blob_id, sha256_bytes
 from patchset.model import FileImage, FileOp, Patch, PatchImages
 from patchset.series import parse_patch
-from patchset.state import read_state, write_state
+from patchset.state import trusted_state, write_state
 from patchset.tree import Tree
 from patchset.treelock import DEFAULT_TIMEOUT_S, tree_lock
 
@@ -109,7 +109,7 @@ def refresh_patch(
     Allowed only when ``name`` is applied and no later applied patch touches its files.
     """
     with tree_lock(tree.root, timeout):
-        state = read_state(tree.root)
+        state = trusted_state(tree.root, {p for patch in patches for p in patch.paths})
         names = list(state.applied_names) if state else []
         if state is None or name not in names:
             raise TreeStateError(

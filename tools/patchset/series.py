@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patchset.diffparse import parse_diff
-from patchset.errors import PatchFormatError, SeriesError
+from patchset.errors import PatchFormatError, PatchsetError, SeriesError
 from patchset.hashing import sha256_bytes
 from patchset.model import TARGETS, Patch
 from patchset.patchfile import header_problems, parse_header, split_patch
@@ -90,8 +90,44 @@ def entry_problems(entries: tuple[SeriesEntry, ...], patches_dir: Path) -> list[
     return problems
 
 
+_CRLF = re.compile(rb"^(?:From |diff --git |--- |\+\+\+ |@@ ).*\r$", re.MULTILINE)
+_PLAIN_DIFF = re.compile(rb"^--- .*\n\+\+\+ .*\n@@ ", re.MULTILINE)
+
+
+def crlf_problem(data: bytes) -> str | None:
+    """One line when the patch's header or diff lines end in CRLF."""
+    if _CRLF.search(data):
+        return (
+            "the patch file has CRLF line endings (an editor or git's core.autocrlf converted "
+            "it); convert it back to LF or export it again"
+        )
+    return None
+
+
+def form_problem(data: bytes) -> str | None:
+    """One line when the file is not a format-patch at all (CRLF, plain diff, bare git diff)."""
+    crlf = crlf_problem(data)
+    if crlf:
+        return crlf
+    if not data.startswith(b"diff --git ") and b"\ndiff --git " not in data:
+        if _PLAIN_DIFF.search(data):
+            return (
+                "a plain unified diff (no 'diff --git' lines, index lines or mail header): "
+                "make it a series patch with `patchset import FILE`"
+            )
+    elif data.startswith(b"diff --git "):
+        return (
+            "a git diff without a format-patch header (Subject, Upstream-Status, "
+            "Signed-off-by): make it a series patch with `patchset import FILE`"
+        )
+    return None
+
+
 def parse_patch(name: str, data: bytes) -> tuple[Patch | None, list[str]]:
     """Parse one patch file; return (patch or None, every problem found)."""
+    form = form_problem(data)
+    if form:
+        return None, [form]
     header_text, diff = split_patch(data)
     problems: list[str] = []
     header = None
@@ -108,12 +144,26 @@ def parse_patch(name: str, data: bytes) -> tuple[Patch | None, list[str]]:
     return Patch(name, sha256_bytes(data), header, header_text, tuple(files)), []
 
 
+def decode_utf8(data: bytes, where: str, error: type[PatchsetError], hint: str) -> str:
+    """``data`` as UTF-8, or ``error`` naming the file, line and byte that are not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise error(
+            f"{where}: not UTF-8 (byte 0x{data[exc.start]:02x} on line {line})",
+            hint=hint,
+        ) from None
+
+
 def load_series(repo: Path) -> tuple[Patch, ...]:
     """Read ``series`` and every listed patch; raise one SeriesError listing every problem."""
     series_file = repo / "series"
     if not series_file.is_file():
         raise SeriesError(f"no series file at {series_file}", hint="create it (it may be empty)")
-    entries = parse_series(series_file.read_text(encoding="utf-8"))
+    entries = parse_series(
+        decode_utf8(series_file.read_bytes(), "series", SeriesError, "re-save series as UTF-8")
+    )
     patches_dir = repo / "patches"
     problems = entry_problems(entries, patches_dir)
     patches: list[Patch] = []

@@ -1,8 +1,7 @@
-"""Reading and writing the files of a target tree, one relative path at a time.
+"""Reading the files of a target tree, one relative path at a time.
 
-Only the paths a series touches are ever read or hashed. Every write goes to a temporary file
-in the same directory and is moved into place with ``os.replace``; a path that reaches through a
-symlink present in the tree is refused before anything is read.
+Only the paths a series touches are ever read or hashed; a path that reaches through a symlink
+present in the tree is refused before anything is read. Writes go through ``journal``.
 """
 
 from __future__ import annotations
@@ -12,8 +11,6 @@ import stat
 from pathlib import Path
 
 from patchset.errors import TreeStateError
-
-_TMP_SUFFIX = ".patchset-tmp"
 
 
 class Tree:
@@ -65,44 +62,6 @@ class Tree:
             return stat.S_IMODE(os.lstat(self.path(rel)).st_mode)
         except FileNotFoundError:
             return None
-
-    def write(self, rel: str, data: bytes, mode: int) -> None:
-        """Replace ``rel`` with ``data`` and permission bits ``mode`` atomically."""
-        target = self.path(rel)
-        tmp = target.with_name(f".{target.name}{_TMP_SUFFIX}")
-        try:
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-            os.chmod(tmp, mode)
-            os.replace(tmp, target)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-
-    def remove(self, rel: str) -> None:
-        """Delete ``rel`` if it exists."""
-        self.path(rel).unlink(missing_ok=True)
-
-    def make_parents(self, rel: str) -> list[str]:
-        """Create the missing parent directories of ``rel``; return them, outermost first."""
-        missing: list[Path] = []
-        parent = self.path(rel).parent
-        while not parent.exists():
-            missing.append(parent)
-            parent = parent.parent
-        created = []
-        for directory in reversed(missing):
-            directory.mkdir()
-            created.append(directory.relative_to(self.root).as_posix())
-        return created
-
-    def remove_empty_dirs(self, dirs: list[str] | tuple[str, ...]) -> None:
-        """Remove each directory of ``dirs`` that is empty, deepest first."""
-        for rel in sorted(dirs, key=lambda d: d.count("/"), reverse=True):
-            try:
-                self.path(rel).rmdir()
-            except (FileNotFoundError, OSError):
-                continue
 
 
 def file_mode(git_mode: str) -> int:

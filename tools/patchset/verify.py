@@ -7,8 +7,9 @@ from typing import Literal
 
 from patchset.errors import DriftError, TreeStateError
 from patchset.hashing import sha256_bytes
+from patchset.journal import refuse_pending
 from patchset.model import Lock, Patch, TreeState
-from patchset.state import read_state
+from patchset.state import trusted_state
 from patchset.tree import Tree
 
 PatchStatus = Literal["applied", "not applied", "drifted"]
@@ -24,6 +25,8 @@ class Drift:
     owner: str
 
     def describe(self) -> str:
+        if self.actual and len(self.actual) != 64:  # a symlink_problem, not a digest
+            return f"{self.path}: {self.actual} (owned by {self.owner})"
         return (
             f"{self.path}: expected {self.expected or 'absent'}, "
             f"found {self.actual or 'absent'} (owned by {self.owner})"
@@ -34,6 +37,10 @@ def find_drift(tree: Tree, state: TreeState) -> list[Drift]:
     """Every touched file of the applied stack that differs from its expected postimage."""
     drift = []
     for path, (expected, owner) in sorted(state.expected().items()):
+        through = tree.symlink_problem(path)
+        if through:
+            drift.append(Drift(path, expected, through, owner))
+            continue
         data = tree.read(path)
         actual = None if data is None else sha256_bytes(data)
         if actual != expected:
@@ -59,7 +66,8 @@ def lock_disagreements(state: TreeState, patches: tuple[Patch, ...], lock: Lock)
 
 def verify_tree(tree: Tree, patches: tuple[Patch, ...], lock: Lock) -> TreeState:
     """Check every touched file against its postimage; raise DriftError listing each drift."""
-    state = read_state(tree.root)
+    refuse_pending(tree.root)
+    state = trusted_state(tree.root, {p for patch in patches for p in patch.paths})
     if state is None:
         raise TreeStateError(
             f"{tree.root}: no patch is applied (no .patchset/state.json)",
@@ -83,7 +91,8 @@ def verify_tree(tree: Tree, patches: tuple[Patch, ...], lock: Lock) -> TreeState
 
 def tree_status(tree: Tree, patches: tuple[Patch, ...]) -> list[tuple[str, PatchStatus]]:
     """Each patch of the target with its status: applied, not applied, or drifted."""
-    state = read_state(tree.root)
+    refuse_pending(tree.root)
+    state = trusted_state(tree.root, {p for patch in patches for p in patch.paths})
     if state is None:
         return [(p.name, "not applied") for p in patches]
     drifted_owners = {d.owner for d in find_drift(tree, state)}

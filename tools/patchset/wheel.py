@@ -21,10 +21,9 @@ import hashlib
 import os
 import re
 import struct
-import tempfile
 import zipfile
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -34,6 +33,7 @@ from .hashing import sha256_file
 from .model import FileOp, Patch
 from .pins import Pin
 from .record import RecordEntry, check_member, index, parse_record, write_record
+from .tempfiles import locked_temp, remove_stale
 
 PACKAGE_DIR = "vllm/"
 """Only files under this directory of the tree are part of the wheel."""
@@ -145,7 +145,26 @@ def local_version(base: str, digest: str) -> str:
 # --------------------------------------------------------------------------- planning
 
 
-def plan_overlay(patches: Sequence[Patch], pristine: Path, tree: Path) -> Overlay:
+def packed_bytes(tree: Path, path: str, postimages: Mapping[str, str | None] | None) -> bytes:
+    """The bytes of ``tree/path`` to pack, re-hashed against the lock's final postimage."""
+    data = (tree / path).read_bytes()
+    if postimages is not None and hashlib.sha256(data).hexdigest() != postimages.get(path):
+        want = postimages.get(path)
+        raise WheelError(
+            f"{path}: the tree's bytes are not the postimage in series.lock "
+            f"({hashlib.sha256(data).hexdigest()[:12]}, want {want[:12] if want else 'absent'}); "
+            "nothing was written",
+            hint="the tree changed while the wheel was built; patchset verify shows it",
+        )
+    return data
+
+
+def plan_overlay(
+    patches: Sequence[Patch],
+    pristine: Path,
+    tree: Path,
+    postimages: Mapping[str, str | None] | None = None,
+) -> Overlay:
     """The overlay for ``patches`` applied to ``tree`` (already verified) over ``pristine``.
 
     A touched path's final operation follows from whether it exists before and after the
@@ -166,7 +185,11 @@ def plan_overlay(patches: Sequence[Patch], pristine: Path, tree: Path) -> Overla
         if not before and not after:
             continue
         op: FileOp = "modify" if before and after else ("add" if after else "delete")
-        digest = sha256_file(tree / path) if after else None
+        if postimages is not None and not after and postimages.get(path) is not None:
+            raise WheelError(
+                f"{path}: missing from the tree, series.lock has it; nothing was written"
+            )
+        digest = hashlib.sha256(packed_bytes(tree, path, postimages)).hexdigest() if after else None
         files.append(OverlayFile(path, op, digest, tuple(owners[path])))
     return Overlay(tuple(files), tuple(not_carried))
 
@@ -250,6 +273,7 @@ def build_wheel(
     patches: Sequence[Patch],
     out_dir: Path,
     log: Callable[[str], None] = lambda _msg: None,
+    postimages: Mapping[str, str | None] | None = None,
 ) -> BuiltWheel:
     """Build, verify and move into ``out_dir`` the overlay wheel of ``patches`` (see module doc).
 
@@ -266,7 +290,7 @@ def build_wheel(
         dist, base_version = dist_info.removesuffix(".dist-info").split("-", 1)
         log(f"proving {base_wheel.name}'s Python files equal the sdist's")
         prove_base(zf, pristine, wheel_pin)
-        overlay = plan_overlay(patches, pristine, tree)
+        overlay = plan_overlay(patches, pristine, tree, postimages)
         _check_overlay_against_base(overlay, members, zf, pristine)
         version = local_version(base_version, digest)
         prefix = f"{dist}-{base_version}-"
@@ -277,13 +301,24 @@ def build_wheel(
         record_name = f"{new_dist_info}/RECORD"
         base_record = index(parse_record(zf.read(f"{dist_info}/RECORD"), where="base RECORD"))
         plan = _plan_members(
-            zf, infos, base_record, overlay, tree, dist_info, new_dist_info, base_version, version
+            zf,
+            infos,
+            base_record,
+            overlay,
+            tree,
+            dist_info,
+            new_dist_info,
+            base_version,
+            version,
+            postimages,
         )
         record = write_record([m.record for m in plan], record_name)
         out_dir.mkdir(parents=True, exist_ok=True)
         log(f"writing {wheel_name} ({len(plan) + 1} members, {len(overlay.files)} overlaid)")
-        fd, tmp_name = tempfile.mkstemp(dir=out_dir, prefix=".wheel-", suffix=".tmp")
-        tmp = Path(tmp_name)
+        stale = remove_stale(out_dir, ".wheel-*.tmp")
+        if stale:
+            log(f"removed {stale} temporary file(s) of killed wheel runs in {out_dir}")
+        fd, tmp = locked_temp(out_dir, ".wheel-", ".tmp")
         try:
             with os.fdopen(fd, "wb") as out, open(base_wheel, "rb") as src:
                 writer = _ZipWriter(out)
@@ -326,6 +361,7 @@ def _plan_members(
     new_dist_info: str,
     base_version: str,
     version: str,
+    postimages: Mapping[str, str | None] | None = None,
 ) -> list[_Member]:
     by_path = {f.path: f for f in overlay.files}
     plan: list[_Member] = []
@@ -344,7 +380,7 @@ def _plan_members(
         if change is not None:
             if change.op == "delete":
                 continue
-            data = (tree / name).read_bytes()
+            data = packed_bytes(tree, name, postimages)
             plan.append(_Member(new_name, mode, None, data, RecordEntry.of(new_name, data)))
         elif name == f"{dist_info}/METADATA":
             data = _set_metadata_version(zf.read(info), base_version, version)
@@ -366,7 +402,7 @@ def _plan_members(
     for f in overlay.files:
         if f.op == "add":
             path = tree / f.path
-            data = path.read_bytes()
+            data = packed_bytes(tree, f.path, postimages)
             mode = 0o755 if path.stat().st_mode & 0o111 else 0o644
             plan.append(_Member(f.path, mode, None, data, RecordEntry.of(f.path, data)))
     if problems:
@@ -520,6 +556,27 @@ def _record_form(raw_sha256: bytes) -> str:
 # --------------------------------------------------------------------------- orchestration
 
 
+def _build_blaming_base(root: Path, pristine: Path, **kwargs: object) -> BuiltWheel:
+    """:func:`build_wheel`; a failed base proof caused by a modified ``build/base`` tree says
+    so (and names the files) instead of blaming pins.toml."""
+    from .fetch import pristine_differences
+
+    try:
+        return build_wheel(pristine=pristine, **kwargs)  # type: ignore[arg-type]
+    except WheelError as exc:
+        if "not the sdist's" not in exc.message:
+            raise
+        changed = pristine_differences("vllm", pristine, root=root)
+        if not changed:
+            raise
+        raise WheelError(
+            f"{pristine} differs from the pinned sdist in {len(changed)} file(s): the unpacked "
+            "base was modified",
+            details=changed,
+            hint=f"remove {pristine} (make clean) and run again; the pins are not at fault",
+        ) from exc
+
+
 def wheel_from_series(
     root: Path,
     *,
@@ -539,10 +596,12 @@ def wheel_from_series(
     from .errors import NothingToDo, TreeStateError
     from .fetch import cache_dir, fetch_pin, pristine_tree, unpack_sdist
     from .lockfile import load_lock
+    from .newtree import created_if_missing
     from .pins import load_pins
     from .receipt import make_receipt, write_receipt
     from .series import for_target, load_series
     from .tree import Tree
+    from .treelock import DEFAULT_TIMEOUT_S, tree_lock
     from .verify import verify_tree
 
     pins = load_pins(root / "pins.toml")
@@ -552,36 +611,47 @@ def wheel_from_series(
     lock = load_lock(root)
     tree = (tree or root / "build" / "vllm").resolve()
     out_dir = (out_dir or root / "dist").resolve()
-    if not tree.exists():
+
+    def unpack() -> None:
         log(f"unpacking {sdist_pin.filename} into {tree}")
         unpack_sdist("vllm", tree, root=root, offline=offline)
-    if patches:
-        try:
-            apply_series(
-                Tree(tree), patches, lock, target="vllm", base_pin=sdist_pin.sha256, log=log
-            )
-        except NothingToDo:
-            log(f"{tree}: the series is already applied")
-        state = verify_tree(Tree(tree), patches, lock)
-        missing = [p.name for p in patches if p.name not in state.applied_names]
-        if missing:
-            raise TreeStateError(
-                f"{tree}: {len(missing)} patch(es) of the series are not applied",
-                details=missing,
-                hint=f"patchset apply --tree {tree}",
-            )
-        log(f"verified {len(patches)} patch(es) on {tree}")
-    pristine = pristine_tree("vllm", root=root, offline=offline)
-    base_wheel = fetch_pin(wheel_pin, cache_dir(root), offline=offline).path
-    built = build_wheel(
-        base_wheel=base_wheel,
-        wheel_pin=wheel_pin,
-        pristine=pristine,
-        tree=tree,
-        patches=patches,
-        out_dir=out_dir,
-        log=log,
-    )
+
+    with created_if_missing(tree, unpack, DEFAULT_TIMEOUT_S, log), tree_lock(tree):
+        if patches:
+            try:
+                apply_series(
+                    Tree(tree),
+                    patches,
+                    lock,
+                    target="vllm",
+                    base_pin=sdist_pin.sha256,
+                    pins={pin.key: pin.sha256 for pin in pins},
+                    log=log,
+                )
+            except NothingToDo:
+                log(f"{tree}: the series is already applied")
+            state = verify_tree(Tree(tree), patches, lock)
+            missing = [p.name for p in patches if p.name not in state.applied_names]
+            if missing:
+                raise TreeStateError(
+                    f"{tree}: {len(missing)} patch(es) of the series are not applied",
+                    details=missing,
+                    hint=f"patchset apply --tree {tree}",
+                )
+            log(f"verified {len(patches)} patch(es) on {tree}")
+        pristine = pristine_tree("vllm", root=root, offline=offline)
+        base_wheel = fetch_pin(wheel_pin, cache_dir(root), offline=offline).path
+        built = _build_blaming_base(
+            root,
+            pristine,
+            base_wheel=base_wheel,
+            wheel_pin=wheel_pin,
+            tree=tree,
+            patches=patches,
+            out_dir=out_dir,
+            log=log,
+            postimages={p: f.sha256 for p, f in lock.final.get("vllm", {}).items()},
+        )
     receipt = make_receipt(
         built,
         sdist_pin=sdist_pin,

@@ -1,0 +1,136 @@
+"""`patchset import`: default `git format-patch` output, a `git diff` or a plain unified diff
+becomes a series patch (full index from the base's blobs, a header with Subject, Upstream-Status:
+Pending, Signed-off-by from git config), listed in series and locked; refusals as for apply."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import Workspace, git, patch_bytes, snapshot, write_tree
+
+BASE = {
+    "pkg/a.py": b"".join(b"a%d = %d\n" % (i, i) for i in range(20)),
+    "pkg/run.sh": b"#!/bin/sh\necho 1\n",
+}
+A2 = BASE["pkg/a.py"].replace(b"a4 = 4\n", b"a4 = 40\n")
+FIRST = ("vllm/0001-one.patch", patch_bytes({"pkg/a.py": (BASE["pkg/a.py"], A2)}))
+IDENTITY = "Imp Orter <imp@example.invalid>"
+
+
+@pytest.fixture
+def repo_ws(ws: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Workspace:
+    config = tmp_path / "gitconfig"
+    config.write_text("[user]\n\tname = Imp Orter\n\temail = imp@example.invalid\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
+    ws.setup(BASE, [FIRST])
+    return ws
+
+
+def _upstream(tmp_path: Path) -> Path:
+    """A scratch git repository at the state the series makes (what a contributor patches)."""
+    repo = tmp_path / "upstream"
+    write_tree(repo, {**BASE, "pkg/a.py": A2})
+    (repo / "pkg/run.sh").chmod(0o755)
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "base")
+    return repo
+
+
+def _edit(repo: Path) -> None:
+    text = (repo / "pkg/a.py").read_bytes().replace(b"a12 = 12\n", b"a12 = 120\n")
+    (repo / "pkg/a.py").write_bytes(text)
+    (repo / "pkg/new.py").write_bytes(b"NEW = 1\n")
+    (repo / "pkg/run.sh").write_bytes(b"#!/bin/sh\necho 2\n")
+
+
+def _imported(ws: Workspace, name: str) -> bytes:
+    assert name in (ws.repo / "series").read_text().split()
+    data = (ws.repo / "patches" / name).read_bytes()
+    assert ws.cli("lock", "--check") == 0
+    return data
+
+
+def test_default_format_patch_output_is_imported(repo_ws: Workspace, tmp_path, capsys) -> None:
+    upstream = _upstream(tmp_path)
+    _edit(upstream)
+    git(upstream, "add", "-A")
+    git(upstream, "commit", "-qm", "[Kernel] Faster thing\n\nIt is faster because.")
+    out = tmp_path / "fp"
+    git(upstream, "format-patch", "-1", "-o", str(out))  # defaults: short index, stat, signature
+    (mbox,) = out.iterdir()
+    raw = mbox.read_bytes()
+    assert b"[PATCH] [Kernel] Faster thing" in raw and b"\n-- \n" in raw
+    assert repo_ws.cli("import", str(mbox)) == 0
+    data = _imported(repo_ws, "vllm/0002-faster-thing.patch")
+    text = data.decode()
+    assert text.startswith("From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001")
+    assert "Subject: [Kernel] Faster thing\n" in text and "It is faster because." in text
+    date = next(line for line in raw.decode().splitlines() if line.startswith("Date: "))
+    assert date + "\n" in text
+    assert "Upstream-Status: Pending\n" in text and f"Signed-off-by: {IDENTITY}\n" in text
+    assert "\n-- \n" not in text and "files changed" not in text and "file changed" not in text
+    index_lines = [line for line in text.splitlines() if line.startswith("index ")]
+    assert len(index_lines) == 3 and all(len(line.split()[1]) == 82 for line in index_lines)
+    assert "index " + git(upstream, "rev-parse", "HEAD~1:pkg/run.sh").strip() in text
+    assert "pkg/run.sh" in text and "100755" in text
+    assert repo_ws.cli("apply") == 0
+    assert (repo_ws.tree / "pkg/new.py").read_bytes() == b"NEW = 1\n"
+    assert repo_ws.cli("verify") == 0
+
+
+def test_git_diff_needs_a_subject(repo_ws: Workspace, tmp_path, capsys) -> None:
+    upstream = _upstream(tmp_path)
+    _edit(upstream)
+    diff = tmp_path / "change.diff"
+    diff.write_text(git(upstream, "diff"))
+    before = snapshot(repo_ws.repo)
+    assert repo_ws.cli("import", str(diff)) == 1
+    assert "--subject '[Tag] Title'" in capsys.readouterr().err
+    assert snapshot(repo_ws.repo) == before
+    assert repo_ws.cli("import", str(diff), "--subject", "[Config] Change a12") == 0
+    assert b"Subject: [Config] Change a12\n" in _imported(repo_ws, "vllm/0002-change-a12.patch")
+    assert repo_ws.cli("apply") == 0
+
+
+def test_plain_unified_diff_is_imported(repo_ws: Workspace, tmp_path) -> None:
+    work = tmp_path / "plain"
+    write_tree(work / "a", {"pkg/a.py": A2})
+    write_tree(work / "b", {"pkg/a.py": A2.replace(b"a15 = 15\n", b"a15 = 150\n")})
+    result = subprocess.run(
+        ["diff", "-u", "a/pkg/a.py", "b/pkg/a.py"], cwd=work, capture_output=True, check=False
+    )
+    assert result.returncode == 1 and b"\t" in result.stdout.splitlines()[0]
+    diff = tmp_path / "plain.diff"
+    diff.write_bytes(result.stdout)
+    name = "vllm/0007-fifteen.patch"
+    args = ("import", str(diff), "--subject", "[Test] Fifteen", "--name", name)
+    assert repo_ws.cli(*args) == 0
+    assert b"index " in _imported(repo_ws, name)
+    assert repo_ws.cli("apply") == 0
+    assert b"a15 = 150\n" in (repo_ws.tree / "pkg/a.py").read_bytes()
+
+
+def test_import_refuses_what_apply_refuses_and_writes_nothing(
+    repo_ws: Workspace, tmp_path, capsys
+) -> None:
+    before = snapshot(repo_ws.repo)
+    u0 = tmp_path / "u0.diff"
+    u0.write_bytes(b"--- a/pkg/a.py\n+++ b/pkg/a.py\n@@ -9,0 +10 @@\n+inserted = 1\n")
+    assert repo_ws.cli("import", str(u0), "--subject", "[Test] U0") == 1
+    assert "no context lines" in capsys.readouterr().err
+    wrong = tmp_path / "wrong.diff"
+    wrong.write_bytes(b"--- a/pkg/a.py\n+++ b/pkg/a.py\n@@ -1,2 +1,2 @@\n-zz\n+yy\n a1 = 1\n")
+    assert repo_ws.cli("import", str(wrong), "--subject", "[Test] Wrong") == 1
+    assert "does not apply" in capsys.readouterr().err
+    escape = tmp_path / "escape.diff"
+    escape.write_bytes(b"--- a/../x.py\n+++ b/../x.py\n@@ -1 +1 @@\n-a\n+b\n")
+    assert repo_ws.cli("import", str(escape), "--subject", "[Test] Escape") == 1
+    assert "outside the tree" in capsys.readouterr().err
+    untagged = tmp_path / "u.diff"
+    untagged.write_bytes(b"--- a/pkg/a.py\n+++ b/pkg/a.py\n@@ -1 +1 @@\n-a0 = 0\n+a0 = 9\n")
+    assert repo_ws.cli("import", str(untagged), "--subject", "no tag") == 1
+    assert "[Tag] Title" in capsys.readouterr().err
+    assert snapshot(repo_ws.repo) == before

@@ -1,0 +1,508 @@
+"""The write journal: every change to a tree is staged first, then made by renames only.
+
+``commit`` works in two phases under ``.patchset/journal/``:
+
+1. prepare (the tree is not touched): check free space, write every new file's bytes to
+   ``n/<i>`` and an undo copy of every file to be replaced or deleted to ``u/<i>``, then write
+   ``journal.json`` (the list of changes with the sha256 and mode before and after) atomically;
+2. execute: create missing directories, move each staged file into place (``os.replace``) or
+   delete, remove directories the deletions emptied, then delete the journal.
+
+Rollback (after an error in-process, or by ``recover``/the next ``apply``/``unapply`` after a
+kill) moves the undo copies back by rename and re-creates removed directories, so it needs no
+new space; it checks every path is at its before or after hash first, and at its before hash
+at the end. Without ``journal.json`` the tree was not touched and the staging is discarded.
+Every path is re-checked for symlinks in each component before it is written or deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from patchset import crashpoint
+from patchset.diffparse import path_problem
+from patchset.errors import PatchsetError, TreeStateError
+from patchset.hashing import sha256_bytes
+from patchset.state import STATE_DIR, canonical_json
+from patchset.tree import Tree
+
+JOURNAL_DIR = "journal"
+JOURNAL_FILE = "journal.json"
+SCHEMA_VERSION = 1
+RESERVE_BYTES = 1 << 20
+"""Free space kept beyond what the staged files need."""
+_BLOCK = 4096
+
+
+class Interrupted(PatchsetError):
+    """A signal (SIGTERM, SIGHUP, SIGINT) arrived while the tree was being written."""
+
+    def __init__(self, signum: int):
+        name = signal.Signals(signum).name
+        super().__init__(
+            f"interrupted by {name}; every write was rolled back",
+            hint="run the command again",
+        )
+        self.exit_code = 128 + signum
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes available to this user on the filesystem of ``path``."""
+    info = os.statvfs(path)
+    return info.f_bavail * info.f_frsize
+
+
+def journal_dir(root: Path) -> Path:
+    return root / STATE_DIR / JOURNAL_DIR
+
+
+def _mode_text(mode: int) -> str:
+    return f"{mode:04o}"
+
+
+@dataclass
+class Plan:
+    """The changes one command makes to a tree, collected before anything is written.
+
+    ``put``/``delete`` take tree-relative POSIX paths (tree files, ``.patchset/...``);
+    ``removable`` says which directories a deletion may remove once it is empty.
+    """
+
+    root: Path
+    op: str
+    patches: tuple[str, ...]
+    removable: Callable[[str], bool] = lambda _d: True
+    dir_modes: dict[str, int] = field(default_factory=dict)
+    changes: list[tuple[str, bytes | None, int | None]] = field(default_factory=list)
+    make_dirs: list[str] = field(default_factory=list)
+
+    def put(self, rel: str, data: bytes, mode: int) -> list[str]:
+        """Write ``data`` (permission bits ``mode``) to ``rel``; return the directories made."""
+        made = []
+        parts = rel.split("/")[:-1]
+        for depth in range(1, len(parts) + 1):
+            directory = "/".join(parts[:depth])
+            if directory in self.make_dirs or directory == STATE_DIR:
+                continue
+            if not os.path.lexists(self.root / directory):
+                self.make_dirs.append(directory)
+                made.append(directory)
+        self.changes.append((rel, data, mode))
+        return made
+
+    def delete(self, rel: str) -> None:
+        self.changes.append((rel, None, None))
+
+    def emptied_dirs(self) -> list[str]:
+        """Directories (deepest first) left empty by the deletions, that may be removed."""
+        deleted = {rel for rel, data, _ in self.changes if data is None}
+        written = {rel for rel, data, _ in self.changes if data is not None}
+        candidates = sorted(
+            {"/".join(rel.split("/")[:d]) for rel in deleted for d in range(1, rel.count("/") + 1)},
+            key=lambda d: (-d.count("/"), d),
+        )
+        gone: set[str] = set()
+        out = []
+        for directory in candidates:
+            if directory in (STATE_DIR,) or not self.removable(directory):
+                continue
+            path = self.root / directory
+            try:
+                names = os.listdir(path)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            left = [
+                n
+                for n in names
+                if f"{directory}/{n}" not in deleted and f"{directory}/{n}" not in gone
+            ]
+            if left or any(w.startswith(directory + "/") for w in written):
+                continue
+            gone.add(directory)
+            out.append(directory)
+        return out
+
+
+def _component_problem(root: Path, rel: str) -> str | None:
+    """A symlink (or a non-directory parent) in any component of ``rel`` under ``root``."""
+    return Tree(root).symlink_problem(rel)
+
+
+def _check_path(root: Path, rel: str) -> None:
+    reason = _component_problem(root, rel)
+    if reason:
+        raise TreeStateError(
+            f"refusing to write through a symlink: {reason}",
+            hint="someone changed the tree while patchset ran; inspect it",
+        )
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return None
+
+
+def _sha_of(path: Path) -> str | None:
+    data = _read(path)
+    return None if data is None else sha256_bytes(data)
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.chmod(path, mode)
+
+
+@contextmanager
+def _signals_raise() -> Iterator[None]:
+    """Turn SIGTERM/SIGHUP/SIGINT into :class:`Interrupted` for the block (main thread only)."""
+
+    def handler(signum: int, _frame: object) -> None:
+        raise Interrupted(signum)
+
+    saved = {}
+    try:
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            saved[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread: signals keep their default action
+        pass
+    try:
+        yield
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old)
+
+
+@contextmanager
+def _signals_blocked() -> Iterator[None]:
+    """Hold SIGTERM/SIGHUP/SIGINT back while a rollback runs (they arrive afterwards)."""
+    sigs = {signal.SIGTERM, signal.SIGHUP, signal.SIGINT}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def commit(plan: Plan) -> int:
+    """Make every change of ``plan`` all or nothing; return the number of paths changed."""
+    root = plan.root
+    for rel, _data, _mode in plan.changes:
+        _check_path(root, rel)
+    changes = []
+    for rel, data, mode in plan.changes:
+        before = _read(root / rel)
+        before_mode = stat.S_IMODE(os.lstat(root / rel).st_mode) if before is not None else None
+        if before == data and (data is None or before_mode == mode):
+            continue
+        changes.append((rel, data, mode, before, before_mode))
+    if not changes:
+        return 0
+    remove_dirs = plan.emptied_dirs()
+    needed = sum(len(d or b"") + len(b or b"") + 2 * _BLOCK for _, d, _, b, _ in changes)
+    free = free_bytes(root)
+    if needed + RESERVE_BYTES > free:
+        raise TreeStateError(
+            f"not enough free space in {root}: the {plan.op} needs about "
+            f"{(needed + RESERVE_BYTES) >> 10} KiB, {free >> 10} KiB are free; nothing was changed",
+            hint="free some space and run the command again",
+        )
+    staging = journal_dir(root)
+    entries: list[dict[str, Any]] = []
+    with _signals_raise():
+        try:
+            _check_path(root, f"{STATE_DIR}/{JOURNAL_DIR}/x")
+            staging.mkdir(parents=True, exist_ok=False)
+            what = f"{plan.op} of {', '.join(plan.patches) or 'no patch'}"
+            _write_new(staging / "op", what.encode("utf-8"), 0o600)
+            for index, (rel, data, mode, before, before_mode) in enumerate(changes):
+                entry: dict[str, Any] = {"path": rel, "before": None, "after": None}
+                if before is not None:
+                    crashpoint.reached(f"undo {rel}")
+                    _write_new(staging / f"u{index}", before, 0o600)
+                    entry["before"] = {
+                        "sha256": sha256_bytes(before),
+                        "mode": _mode_text(before_mode or 0o644),
+                    }
+                if data is not None:
+                    crashpoint.reached(f"stage {rel}")
+                    _write_new(staging / f"n{index}", data, mode or 0o644)
+                    entry["after"] = {
+                        "sha256": sha256_bytes(data),
+                        "mode": _mode_text(mode or 0o644),
+                    }
+                entries.append(entry)
+            record = {
+                "schema_version": SCHEMA_VERSION,
+                "op": plan.op,
+                "patches": list(plan.patches),
+                "entries": entries,
+                "make_dirs": list(plan.make_dirs),
+                "dir_modes": {
+                    d: _mode_text(plan.dir_modes[d]) for d in plan.make_dirs if d in plan.dir_modes
+                },
+                "remove_dirs": [
+                    {"path": d, "mode": _mode_text(stat.S_IMODE(os.lstat(root / d).st_mode))}
+                    for d in remove_dirs
+                ],
+            }
+            crashpoint.reached("journal")
+            _write_new(staging / (JOURNAL_FILE + ".tmp"), canonical_json(record).encode(), 0o600)
+            os.replace(staging / (JOURNAL_FILE + ".tmp"), staging / JOURNAL_FILE)
+            _fsync_dir(staging)
+            _execute(root, record)
+        except BaseException:
+            with _signals_blocked():
+                roll_back(root)
+            raise
+        try:
+            crashpoint.reached("drop journal")
+            _drop(root)
+        except Interrupted:  # every change is made: finish the clean-up, the run succeeded
+            with _signals_blocked():
+                _drop(root)
+    return len(changes)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _execute(root: Path, record: dict[str, Any]) -> None:
+    staging = journal_dir(root)
+    for directory in record["make_dirs"]:
+        crashpoint.reached(f"mkdir {directory}")
+        _check_path(root, directory)
+        os.mkdir(root / directory)
+        if directory in record["dir_modes"]:
+            os.chmod(root / directory, int(record["dir_modes"][directory], 8))
+    for index, entry in enumerate(record["entries"]):
+        rel = entry["path"]
+        _check_path(root, rel)
+        crashpoint.reached(f"move {rel}")
+        if entry["after"] is None:
+            (root / rel).unlink()
+        else:
+            os.replace(staging / f"n{index}", root / rel)
+    for item in record["remove_dirs"]:
+        crashpoint.reached(f"rmdir {item['path']}")
+        _check_path(root, item["path"])
+        (root / item["path"]).rmdir()
+
+
+def _drop(root: Path) -> None:
+    """Delete the journal directory, then a ``.patchset/`` left without state (empty dirs)."""
+    staging = journal_dir(root)
+    (staging / JOURNAL_FILE).unlink(missing_ok=True)
+    if staging.exists():
+        shutil.rmtree(staging)
+    remove_empty_state_dir(root)
+
+
+def remove_empty_state_dir(root: Path) -> None:
+    """Remove ``.patchset/`` when it holds only empty directories (nothing applied)."""
+    top = root / STATE_DIR
+    if os.path.islink(top) or not top.is_dir():
+        return
+    for dirpath, dirs, files in os.walk(top, topdown=False):
+        if files:
+            return
+        for name in dirs:
+            try:
+                os.rmdir(os.path.join(dirpath, name))
+            except OSError:
+                return
+    os.rmdir(top)
+
+
+def pending(root: Path) -> bool:
+    """Whether an interrupted run left a journal (or its staging) in the tree."""
+    return os.path.lexists(journal_dir(root))
+
+
+def refuse_pending(root: Path) -> None:
+    """Raise naming the interrupted run and ``patchset recover`` when a journal is pending.
+
+    Staging without ``journal.json`` is not refused: the tree then holds all of that run or
+    none of it, and the next apply/unapply/recover deletes the staging."""
+    if not os.path.lexists(journal_dir(root) / JOURNAL_FILE):
+        return
+    head, lines = describe(root)
+    raise TreeStateError(
+        f"{root}: {head}",
+        hint=f"patchset recover --tree {root}  (rolls it back to before that run, verified)",
+        details=lines,
+    )
+
+
+def _load(root: Path) -> dict[str, Any] | None:
+    staging = journal_dir(root)
+    if os.path.islink(root / STATE_DIR) or os.path.islink(staging):
+        raise TreeStateError(f"{staging} is a symlink; refusing to touch it")
+    data = _read(staging / JOURNAL_FILE)
+    if data is None:
+        return None
+    try:
+        record = json.loads(data.decode("utf-8"))
+        if record.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(f"schema_version {record.get('schema_version')!r}")
+        for entry in record["entries"]:
+            _valid_rel(entry["path"])
+            for side in ("before", "after"):
+                if entry[side] is not None:
+                    str(entry[side]["sha256"])
+                    int(entry[side]["mode"], 8)
+        for directory in record["make_dirs"]:
+            _valid_rel(directory)
+        for mode in record["dir_modes"].values():
+            int(mode, 8)
+        for item in record["remove_dirs"]:
+            _valid_rel(item["path"])
+            int(item["mode"], 8)
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+        raise TreeStateError(
+            f"{staging / JOURNAL_FILE}: malformed journal ({exc})",
+            hint="the tree cannot be recovered automatically; restore it from its base",
+        ) from exc
+    return record
+
+
+def _valid_rel(rel: object) -> None:
+    if not isinstance(rel, str):
+        raise ValueError(f"path {rel!r} is not a string")
+    reason = path_problem(rel)
+    if reason and not (
+        rel.startswith(STATE_DIR + "/") and path_problem(rel[len(STATE_DIR) + 1 :]) is None
+    ):
+        raise ValueError(reason)
+    if rel.startswith(f"{STATE_DIR}/{JOURNAL_DIR}"):
+        raise ValueError(f"path {rel!r} is inside the journal")
+
+
+def describe(root: Path) -> tuple[str, list[str]]:
+    """One line naming the interrupted run and one line per path with where it stands."""
+    record = _load(root)
+    if record is None:
+        what = (_read(journal_dir(root) / "op") or b"run").decode("utf-8", "replace")
+        return f"an interrupted {what} staged files but changed nothing in the tree yet", []
+    lines = []
+    done = 0
+    for entry in record["entries"]:
+        now = _sha_of(root / entry["path"])
+        before = entry["before"] and entry["before"]["sha256"]
+        after = entry["after"] and entry["after"]["sha256"]
+        where = "before" if now == before else "after" if now == after else "neither"
+        done += where == "after"
+        lines.append(f"{entry['path']}: {where} ({'absent' if now is None else now[:12]})")
+    names = ", ".join(record["patches"]) or "no patch"
+    head = (
+        f"an interrupted {record['op']} of {names} left the tree half-written: "
+        f"{done} of {len(record['entries'])} path(s) changed"
+    )
+    return head, lines
+
+
+def roll_back(root: Path) -> int:
+    """Undo an interrupted ``commit``: every path back at its before hash (checked); return how
+    many paths were moved back. Raises TreeStateError, changing nothing, when a path is at
+    neither its before nor its after hash or its undo copy is damaged."""
+    record = _load(root)
+    staging = journal_dir(root)
+    if record is None:
+        if os.path.lexists(staging):
+            crashpoint.reached("discard staging")
+            shutil.rmtree(staging)
+        remove_empty_state_dir(root)
+        return 0
+    problems = []
+    plan = []
+    for index, entry in enumerate(record["entries"]):
+        rel = entry["path"]
+        reason = _component_problem(root, rel)
+        if reason:
+            problems.append(reason)
+            continue
+        now = _sha_of(root / rel)
+        before, after = entry["before"], entry["after"]
+        if before is not None and now == before["sha256"]:
+            plan.append((index, rel, "mode", before))
+        elif now == (after and after["sha256"]) or (before is None and now is None):
+            if before is None:
+                plan.append((index, rel, "delete", None))
+            elif _sha_of(staging / f"u{index}") != before["sha256"]:
+                problems.append(f"{rel}: the undo copy u{index} is missing or damaged")
+            else:
+                plan.append((index, rel, "restore", before))
+        else:
+            want = " or ".join(x["sha256"][:12] if x else "absent" for x in (before, after))
+            problems.append(
+                f"{rel}: expected {want}, found {'absent' if now is None else now[:12]}"
+            )
+    if problems:
+        raise TreeStateError(
+            f"{root}: cannot roll back the interrupted {record['op']}: {len(problems)} path(s) "
+            "changed since; nothing was changed",
+            hint=f"restore those paths by hand, or the whole tree from its base; {staging} "
+            "holds the journal and the undo copies",
+            details=problems,
+        )
+    for item in reversed(record["remove_dirs"]):
+        if not os.path.lexists(root / item["path"]):
+            crashpoint.reached(f"undo rmdir {item['path']}")
+            _check_path(root, item["path"])
+            os.mkdir(root / item["path"], int(item["mode"], 8))
+            os.chmod(root / item["path"], int(item["mode"], 8))
+    moved = 0
+    for index, rel, action, before in reversed(plan):
+        _check_path(root, rel)
+        if action == "delete":
+            if os.path.lexists(root / rel):
+                crashpoint.reached(f"undo delete {rel}")
+                (root / rel).unlink()
+                moved += 1
+        elif action == "restore":
+            crashpoint.reached(f"undo restore {rel}")
+            os.replace(staging / f"u{index}", root / rel)
+            moved += 1
+        if before is not None:
+            os.chmod(root / rel, int(before["mode"], 8))
+    for directory in reversed(record["make_dirs"]):
+        if os.path.isdir(root / directory) and not os.path.islink(root / directory):
+            try:
+                crashpoint.reached(f"undo mkdir {directory}")
+                os.rmdir(root / directory)
+            except OSError:
+                pass
+    wrong = [
+        e["path"]
+        for e in record["entries"]
+        if _sha_of(root / e["path"]) != (e["before"] and e["before"]["sha256"])
+    ]
+    if wrong:
+        raise TreeStateError(
+            f"{root}: rollback left {len(wrong)} path(s) off their before hash",
+            details=wrong,
+            hint=f"run patchset recover --tree {root} again",
+        )
+    crashpoint.reached("drop journal")
+    _drop(root)
+    return moved
