@@ -1,9 +1,10 @@
 """End to end: the overlay wheel, pip-installed into a fresh venv, is what ``import vllm`` loads.
 
 The venv is made once per ``make test`` run by ``tests/vllm_tree_tests.py venv`` (a fresh
-``python -m venv`` + ``pip install dist/<overlay wheel>`` + the pinned b12x wheel, torch 2.14 from the index). It is
-``$PATCHSET_TEST_VENV`` or ``build/testenv``. Without it these tests skip with that reason,
-except under ``PATCHSET_E2E=require`` (set by ``make test``), where a missing venv fails.
+``python -m venv`` + ``pip install dist/<overlay wheel>`` + the pinned b12x wheel, torch 2.14
+from the index). It is ``$PATCHSET_TEST_VENV`` or ``build/testenv``. Without it these tests
+skip with that reason, except under ``PATCHSET_E2E=require`` (set by ``make test``), where a
+missing venv fails.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from patchset.errors import (
 from patchset.hashing import sha256_bytes
 from patchset.lockfile import series_differences
 from patchset.model import AppliedPatch, Lock, Patch, PatchImages, TreeState
+from patchset.release import release_problem
 from patchset.state import (
     STATE_DIR,
     backup_path,
@@ -149,12 +150,15 @@ def apply_series(
     upto: str | None = None,
     base_pin: str | None = None,
     pins: dict[str, str] | None = None,
+    release: str | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
     log: Log = _quiet,
 ) -> Outcome:
     """Apply the target's ``patches`` (series order) not yet applied, up to ``upto``.
 
     ``pins`` (``pins.toml``'s digests) must equal the lock's; None trusts the lock's own.
+    ``release`` (the sdist pin's requirement, e.g. ``vllm==0.33.0``) is checked against the
+    version the tree names for itself (:mod:`patchset.release`) before anything is written.
     """
     selected = select_upto(patches, upto)
     with tree_lock(tree.root, timeout):
@@ -180,6 +184,12 @@ def apply_series(
                 f"{tree.root} was patched from base {state.base_pin[:12]}, the pins say "
                 f"{wanted[:12]}; nothing was changed",
                 hint="unapply, start from a tree of the pinned release, apply again",
+            )
+        other = release_problem(tree.root, target, release) if release and not state else None
+        if other:
+            raise TreeStateError(
+                f"{other}; nothing was changed",
+                hint=f"apply to a tree of the pinned release ({release})",
             )
         head = gittree.head_commit(tree.root)
         if head:
@@ -213,7 +223,10 @@ def apply_series(
             raise HashMismatch(
                 f"{len(mismatches)} file(s) differ from the preimages in series.lock; "
                 "nothing was changed",
-                hint="the tree is not the pinned base (or was edited): start from a fresh tree",
+                hint=(
+                    f"the tree is not the pinned base{f' ({release})' if release else ''} "
+                    "or was edited: start from a fresh tree of it"
+                ),
                 details=mismatches,
             )
         dirty = gittree.dirty_paths(tree.root, [p for p in touched if p not in owned])

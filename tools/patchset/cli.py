@@ -95,6 +95,15 @@ def _base_pin(repo: Path, target: str) -> str | None:
     return pin_digests(repo).get(f"{target}.sdist")
 
 
+def _release(repo: Path, target: str) -> str | None:
+    from patchset.pins import load_pins
+
+    try:
+        return load_pins(repo / "pins.toml").get(target, "sdist").requirement
+    except PatchsetError:
+        return None
+
+
 def cmd_apply(args: argparse.Namespace, repo: Path) -> int:
     target = _target(args, args.upto)
     patches = for_target(load_series(repo), target)
@@ -111,6 +120,7 @@ def cmd_apply(args: argparse.Namespace, repo: Path) -> int:
                 upto=args.upto,
                 base_pin=_base_pin(repo, target),
                 pins=pin_digests(repo),
+                release=_release(repo, target),
                 timeout=args.wait,
                 log=_info,
             )

@@ -43,6 +43,18 @@ def head_commit(root: Path) -> str | None:
         return None
 
 
+def exact_tag(root: Path) -> str | None:
+    """The tag naming the checkout's HEAD exactly (``git describe --exact-match``), or None."""
+    if not is_checkout(root):
+        return None
+    import git
+
+    try:
+        return str(_repo(root).git.describe("--tags", "--exact-match", "HEAD")).strip() or None
+    except git.GitCommandError:
+        return None
+
+
 def dirty_paths(root: Path, paths: list[str]) -> list[str]:
     """The paths among ``paths`` that ``git status`` reports (modified, staged or untracked)."""
     if not paths or not is_checkout(root):

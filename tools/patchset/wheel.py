@@ -626,6 +626,7 @@ def wheel_from_series(
                     target="vllm",
                     base_pin=sdist_pin.sha256,
                     pins={pin.key: pin.sha256 for pin in pins},
+                    release=sdist_pin.requirement,
                     log=log,
                 )
             except NothingToDo:
