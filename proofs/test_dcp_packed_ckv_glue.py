@@ -48,7 +48,6 @@ def _load_glue():
     import test_dcp_packed_ckv as proof
     import triton
     import triton.language as tl
-    from conftest import load_leaf
     from shipped_triton import load_shipped_triton
 
     jit_warmup, helper = proof.load_jit_helpers()
@@ -71,23 +70,28 @@ def _load_glue():
             "vllm.v1.worker.ubatching": {"dbo_current_ubatch_id": lambda: 0},
         },
     )
-    # The glue imports its cores lazily (at call time): point those names at the
-    # shipped files loaded above.
-    sys.modules.update(
-        {
-            "vllm.v1.attention.ops.dcp_packed_ckv": proof.ckv,
-            "vllm.v1.attention.ops.dcp_wire_model": proof.wire,
-            "vllm.v1.attention.backends.mla.sparse_utils": proof.su,
-            "vllm.v1.attention.ops.triton_sparse_mla": load_leaf(
-                "vllm/v1/attention/ops/triton_sparse_mla.py"
-            ),
-            "vllm.v1.worker.workspace": SimpleNamespace(
-                is_workspace_manager_initialized=lambda: False,
-                current_workspace_manager=None,
-            ),
-        }
-    )
     return glue, proof
+
+
+def lazy_imports() -> dict[str, object]:
+    """The glue imports its cores at call time: the names of the shipped files the
+    caller must put into ``sys.modules`` while it runs the glue."""
+    import test_dcp_packed_ckv as proof
+    from conftest import load_leaf
+
+    return {
+        "vllm.v1.attention.ops.dcp_packed_ckv": proof.ckv,
+        "vllm.v1.attention.ops.dcp_wire_model": proof.wire,
+        "vllm.v1.attention.backends.mla.sparse_utils": proof.su,
+        "vllm.v1.attention.ops.dcp_fp8_wire": load_leaf("vllm/v1/attention/ops/dcp_fp8_wire.py"),
+        "vllm.v1.attention.ops.triton_sparse_mla": load_leaf(
+            "vllm/v1/attention/ops/triton_sparse_mla.py"
+        ),
+        "vllm.v1.worker.workspace": SimpleNamespace(
+            is_workspace_manager_initialized=lambda: False,
+            current_workspace_manager=None,
+        ),
+    }
 
 
 def _vllm_config(n: int, interleave: int, route: str = "ckv"):
@@ -97,6 +101,7 @@ def _vllm_config(n: int, interleave: int, route: str = "ckv"):
             decode_context_parallel_size=n,
             cp_kv_cache_interleave_size=interleave,
             dcp_comm_backend="a2a",
+            dcp_wire_dtype="auto",
         ),
         scheduler_config=SimpleNamespace(max_num_seqs=4),
         model_config=SimpleNamespace(max_model_len=1024, dtype=torch.bfloat16),
@@ -111,6 +116,7 @@ def _worker(rank, world, port, geo, num_decodes, results) -> None:
     )
     try:
         glue, proof = _load_glue()
+        sys.modules.update(lazy_imports())  # this worker process only
         kernel = sys.modules["vllm.v1.attention.ops.triton_sparse_mla"]
         sim = proof.Sim(geo)  # identical on every rank (seeded)
         t = sim.topk.shape[0]
