@@ -1,12 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Proof of the shipped packed-CKV glue (vllm/model_executor/layers/attention/
-dcp_packed_ckv_prefill.py) across real processes: N gloo ranks run the glue's route
-decision and its pack -> all-gather -> remap -> Triton sparse-MLA attention on their own
-paged caches, and each rank's output is compared with the stock DCP route simulated with
-the same kernel (query all-gather, per-shard attention, LSE merge).
+"""Proof of the shipped packed-CKV glue (``MLADCPPackedCKVPrefill`` in
+vllm/v1/attention/ops/dcp.py) across real processes: N gloo ranks build the step plan
+(``plan_step``) from replicated metadata and run ``attend_prefill`` (pack -> all-gather ->
+vLLM's prefill-workspace remap -> Triton sparse-MLA attention over the local heads) on
+their own paged caches; each rank's output is compared with the stock DCP route simulated
+with the same kernel (query all-gather, per-shard attention, LSE merge).
 
-The glue module is executed from the patched tree with stand-ins only for vLLM's process
-group accessor and logger; the cores, the ledger and the kernel are the shipped leaves.
+dcp.py is executed from the patched tree with vLLM's real kernel-launch helpers and
+stand-ins only for names it uses at start-up (config, logger, process-group accessor,
+direct symmetric-memory workspaces); the cores, the remap kernel and the attention kernel
+it calls are the shipped files.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import logging
 import os
 import socket
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,72 +29,95 @@ import torch.multiprocessing as mp  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-GLUE = "vllm/model_executor/layers/attention/dcp_packed_ckv_prefill.py"
+GLUE = "vllm/v1/attention/ops/dcp.py"
 
 
-@dataclass(eq=False)
-class Metadata:
-    """The attention-metadata fields the glue reads (weak-referenceable)."""
-
-    num_decode_tokens: int
-    num_prefills: int
-    num_actual_tokens: int
-    num_reqs: int
-    seq_lens: torch.Tensor
-    query_start_loc: torch.Tensor
-    req_id_per_token: torch.Tensor
-    block_table: torch.Tensor
+class _DirectCPWorkspace:
+    """Stand-in base class of the direct symmetric-memory workspaces (not used here)."""
 
 
-def _load_glue(rank: int, world: int):
-    import torch.distributed as dist
-    from conftest import load_leaf
+def _init_logger(name: str) -> logging.Logger:
+    """Stand-in for vLLM's logger factory (with its ``*_once`` methods)."""
+    logger = logging.getLogger(name)
+    for level in ("debug", "info", "warning"):
+        setattr(logger, f"{level}_once", getattr(logger, level))
+    return logger
+
+
+def _load_glue():
+    import test_dcp_packed_ckv as proof
+    import triton
+    import triton.language as tl
     from shipped_triton import load_shipped_triton
 
-    ckv = load_leaf("vllm/v1/attention/ops/dcp_packed_ckv.py")
-    ledger = load_leaf("vllm/v1/attention/ops/dcp_comm_ledger.py")
-    kernel = load_leaf("vllm/v1/attention/ops/triton_sparse_mla.py")
-    group = SimpleNamespace(rank_in_group=rank, world_size=world, device_group=dist.group.WORLD)
+    jit_warmup, helper = proof.load_jit_helpers()
     glue = load_shipped_triton(
         GLUE,
         {
-            "vllm.distributed": {"get_dcp_group": lambda: group},
-            "vllm.logger": {"init_logger": logging.getLogger},
-            "vllm.v1.attention.ops.dcp_packed_ckv": vars(ckv),
-            "vllm.v1.attention.ops.dcp_comm_ledger": vars(ledger),
-            "vllm.v1.attention.ops.triton_sparse_mla": vars(kernel),
+            "vllm.triton_utils": {"triton": triton, "tl": tl, "HAS_TRITON": True},
+            "vllm.envs": {},
+            "vllm.config": {"VllmConfig": object},
+            "vllm.distributed": {"get_dcp_group": None},
+            "vllm.logger": {"init_logger": _init_logger},
+            "vllm.model_executor.warmup.jit_warmup": vars(jit_warmup),
+            "vllm.model_executor.warmup.jit_warmup_triton_helper": vars(helper),
+            "vllm.v1.attention.backend": {"max_decode_query_len": None},
+            "vllm.v1.attention.ops.cp_common": {
+                "DirectCPWorkspace": _DirectCPWorkspace,
+                "direct_cp_enabled": None,
+                "direct_cp_multicast_enabled": None,
+            },
+            "vllm.v1.worker.ubatching": {"dbo_current_ubatch_id": lambda: 0},
         },
     )
-    return glue, kernel
+    return glue, proof
 
 
-def _vllm_config(n: int, interleave: int, route: str):
+def lazy_imports() -> dict[str, object]:
+    """The glue imports its cores at call time: the names of the shipped files the
+    caller must put into ``sys.modules`` while it runs the glue."""
+    import test_dcp_packed_ckv as proof
+    from conftest import load_leaf
+
+    return {
+        "vllm.v1.attention.ops.dcp_packed_ckv": proof.ckv,
+        "vllm.v1.attention.ops.dcp_wire_model": proof.wire,
+        "vllm.v1.attention.backends.mla.sparse_utils": proof.su,
+        "vllm.v1.attention.ops.dcp_fp8_wire": load_leaf("vllm/v1/attention/ops/dcp_fp8_wire.py"),
+        "vllm.v1.attention.ops.triton_sparse_mla": load_leaf(
+            "vllm/v1/attention/ops/triton_sparse_mla.py"
+        ),
+        "vllm.v1.worker.workspace": SimpleNamespace(
+            is_workspace_manager_initialized=lambda: False,
+            current_workspace_manager=None,
+        ),
+    }
+
+
+def _vllm_config(n: int, interleave: int, route: str = "ckv"):
     return SimpleNamespace(
         parallel_config=SimpleNamespace(
             dcp_prefill_route=route,
             decode_context_parallel_size=n,
             cp_kv_cache_interleave_size=interleave,
-            dcp_ckv_workspace_mib=64,
+            dcp_comm_backend="a2a",
+            dcp_wire_dtype="auto",
         ),
-        scheduler_config=SimpleNamespace(max_num_seqs=4, max_num_batched_tokens=64),
-        model_config=SimpleNamespace(
-            max_model_len=1024,
-            dtype=torch.bfloat16,
-            hf_config=SimpleNamespace(index_topk=32),
-        ),
+        scheduler_config=SimpleNamespace(max_num_seqs=4),
+        model_config=SimpleNamespace(max_model_len=1024, dtype=torch.bfloat16),
     )
 
 
-def _worker(rank: int, world: int, port: int, geo, results) -> None:
+def _worker(rank, world, port, geo, num_decodes, results) -> None:
     import torch.distributed as dist
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
     try:
-        import test_dcp_packed_ckv as proof
-
-        glue, kernel = _load_glue(rank, world)
+        glue, proof = _load_glue()
+        sys.modules.update(lazy_imports())  # this worker process only
+        kernel = sys.modules["vllm.v1.attention.ops.triton_sparse_mla"]
         sim = proof.Sim(geo)  # identical on every rank (seeded)
         t = sim.topk.shape[0]
         g = torch.Generator().manual_seed(geo.seed + 3)
@@ -101,61 +126,65 @@ def _worker(rank: int, world: int, port: int, geo, results) -> None:
             for _ in range(world)
         ]
         scale = 576**-0.5
-        meta = Metadata(
-            num_decode_tokens=0,
-            num_prefills=sim.nreq,
-            num_actual_tokens=t,
-            num_reqs=sim.nreq,
-            seq_lens=sim.seq_lens,
-            query_start_loc=sim.qsl,
-            req_id_per_token=sim.req_id,
-            block_table=sim.bt[rank],
-        )
-        route = glue.DcpPackedCkvPrefill(
-            _vllm_config(world, geo.interleave, "ckv"),
-            geo.heads_local,
-            "fp8_ds_mla",
+        group = SimpleNamespace(rank_in_group=rank, world_size=world, device_group=dist.group.WORLD)
+        handle = glue.MLADCPPackedCKVPrefill(
+            _vllm_config(world, geo.interleave),
+            group,
             torch.device("cpu"),
+            num_heads=geo.heads_local,
+            kv_cache_dtype="fp8_ds_mla",
+            can_split_decode_rows=True,
         )
-        state = route.select(meta, t)
-        assert state is not None, "an eligible pure-prefill chunk must take ckv"
-        assert route.select(meta, t) is state  # one decision per step
-        topk_buffer = torch.cat([sim.topk, torch.full_like(sim.topk, -7)])  # oversized
-        q = q_local[rank]
-        out = route.forward(
-            q[..., :512], q[..., 512:], sim.kv[rank], meta, state, topk_buffer, scale
+        nd = sum(geo.query_lens[:num_decodes])
+        step = dict(
+            seq_lens_cpu=sim.seq_lens,
+            seq_lens=sim.seq_lens,
+            req_id_per_token=sim.req_id,
+            num_decodes=num_decodes,
+            num_prefills=sim.nreq - num_decodes,
+            num_decode_tokens=nd,
+            num_actual_tokens=t,
         )
-        # stock route with the same kernel: query all-gather, shard, LSE merge
-        q_all = torch.cat(q_local, dim=1)
-        outs, lses = [], []
-        for p in range(world):
-            idx = torch.full_like(sim.topk, -1)
-            for row in range(t):
-                r = int(sim.req_id[row])
-                for c, gid in enumerate(sim.topk[row].tolist()):
-                    if gid < 0 or gid >= int(sim.causal[row]):
-                        continue
-                    owner, loc = sim.owner_local(gid)
-                    if owner == p:
-                        idx[row, c] = (
-                            int(sim.bt[p][r, loc // proof.BLOCK_SIZE]) * proof.BLOCK_SIZE
-                            + loc % proof.BLOCK_SIZE
-                        )
-            o, lse = kernel.sparse_mla_fp8_ds_mla_attention(q_all, sim.kv[p], idx, scale)
-            outs.append(o.float())
-            lses.append(lse)
-        lse_stack = torch.stack(lses)
-        w = torch.exp(lse_stack - torch.logsumexp(lse_stack, 0)).nan_to_num(0.0)
-        stock = (w[..., None] * torch.stack(outs)).sum(0)
+        plan = handle.plan_step(**step)
+        assert plan is not None, "a step with prefill rows must take the ckv route"
+        rows = sim.kv[rank]
+        nb = rows.shape[0] // proof.BLOCK_STRIDE_ROWS
+        kv_cache = rows.as_strided(
+            (nb, proof.BLOCK_SIZE, proof.RB), (proof.BLOCK_STRIDE_ROWS * proof.RB, proof.RB, 1)
+        )
+        out = torch.empty(t - nd, geo.heads_local, 512, dtype=torch.bfloat16)
+        handle.attend_prefill(
+            q_local[rank][nd:],
+            kv_cache,
+            sim.bt[rank],
+            proof.BLOCK_SIZE,
+            sim.req_id[nd:],
+            sim.topk[nd:],
+            plan,
+            scale,
+            out=out,
+        )
+
+        def attend(q, kv_rows, idx):
+            return kernel.sparse_mla_fp8_ds_mla_attention(q, kv_rows, idx, scale)
+
+        stock, _ = proof.stock_route(sim, q_local, attend)
         heads = slice(rank * geo.heads_local, (rank + 1) * geo.heads_local)
-        err = (out.float() - stock[:, heads]).abs().max().item()
-        # a mixed batch (decode rows present) must stay on the query route
-        mixed = Metadata(**{**vars(meta), "num_decode_tokens": 1})
+        err = (out.double() - stock[nd:, heads]).abs().max().item()
         results[rank] = {
             "max_abs_err": err,
-            "missing": route.missing_owner_drops(),
-            "mixed_route": route.select(mixed, t),
-            "plan": state.plan,
+            "layout": (plan.layout.starts, plan.layout.rank_rows),
+            "starts": plan.starts.tolist(),
+            "prefill_request": plan.prefill_request.tolist(),
+            "unsplit_query_route": glue.MLADCPPackedCKVPrefill(
+                _vllm_config(world, geo.interleave),
+                group,
+                torch.device("cpu"),
+                num_heads=geo.heads_local,
+                kv_cache_dtype="fp8_ds_mla",
+                can_split_decode_rows=False,
+            ).plan_step(**step)
+            is None,
         }
     except BaseException as e:  # report to the parent, keep the group from hanging
         results[rank] = {"error": repr(e)}
@@ -165,14 +194,20 @@ def _worker(rank: int, world: int, port: int, geo, results) -> None:
 
 
 @pytest.mark.parametrize(
-    "n,interleave,seq_lens,query_lens",
-    [(2, 1, [70, 9], [5, 9]), (3, 2, [150], [6]), (2, 16, [40, 130], [3, 4])],
+    "n,interleave,seq_lens,query_lens,num_decodes",
+    [
+        (2, 1, [70, 9], [5, 9], 0),
+        (3, 2, [150], [6], 0),
+        (2, 16, [40, 130], [1, 4], 1),
+    ],
 )
-def test_glue_matches_stock_route_across_processes(n, interleave, seq_lens, query_lens):
-    """On every rank of a real process group, the shipped glue's packed-CKV output
-    equals the stock route's output within bf16 rounding, with no missing-owner drop,
-    one decision per step, the same plan on all ranks, and mixed batches left on the
-    query route."""
+def test_glue_matches_stock_route_across_processes(
+    n, interleave, seq_lens, query_lens, num_decodes
+):
+    """On every rank of a real process group, the shipped glue's packed-CKV output for
+    the prefill rows equals the stock route's output within bf16 rounding, with the same
+    plan on all ranks, and a mixed step stays on the query route when the backend cannot
+    split off its decode rows."""
     import test_dcp_packed_ckv as proof
 
     geo = proof.Geometry(
@@ -181,18 +216,17 @@ def test_glue_matches_stock_route_across_processes(n, interleave, seq_lens, quer
         seq_lens=seq_lens,
         query_lens=query_lens,
         heads_local=2,
-        topk=32,
+        topk=128,
         seed=5,
-        missing=set(),
     )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     results = mp.Manager().dict()
-    mp.spawn(_worker, args=(n, port, geo, results), nprocs=n)
+    mp.spawn(_worker, args=(n, port, geo, num_decodes, results), nprocs=n)
     res = [results[r] for r in range(n)]
     assert all("error" not in r for r in res), res
     assert all(r["max_abs_err"] < 2e-2 for r in res), res
-    assert all(r["missing"] == 0 for r in res)
-    assert all(r["mixed_route"] is None for r in res)
-    assert len({r["plan"] for r in res}) == 1
+    assert len({(r["layout"], tuple(r["starts"])) for r in res}) == 1
+    assert len({tuple(r["prefill_request"]) for r in res}) == 1
+    assert all(r["unsplit_query_route"] == (num_decodes > 0) for r in res)

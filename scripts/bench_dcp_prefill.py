@@ -1,37 +1,38 @@
 # SPDX-License-Identifier: Apache-2.0
-"""GPU evidence: cold prefill throughput of the DCP prefill routes, end to end in vLLM.
+"""GPU evidence: cold prefill throughput of the DCP prefill transports, end to end in vLLM 0.33.
 
 Model: ``scripts/models/glm5-attn-tiny`` (GLM-5 attention geometry: 64 heads at TP1,
-MLA 512 + 64 -> 576, V latent 512, DSA top-k 2048; 4 small dense layers) with dummy
-weights, fp8_ds_mla KV cache, prefix caching off, so every prompt is prefilled cold.
-Configurations (TP=``--tp`` GPUs; the DCP ones at DCP=``--dcp``, default 2):
+MLA 512 + 64 -> 576, V latent 512, DSA top-k 2048; 4 small dense layers; served by 0.33's CUDA
+DSA layer ``DeepseekV32Attention``) with dummy weights, fp8_ds_mla KV cache, prefix caching off,
+so every prompt is prefilled cold. Configurations (TP=``--tp`` GPUs, DCP=``--dcp``):
 
-* ``dcp1``: DCP=1 (the ceiling: no DCP traffic, half the KV capacity per rank);
-* ``query-bf16``: DCP=2, stock query route (``dcp_prefill_route=query``);
-* ``query-fp8``: DCP=2, query route with the fp8 wire (``dcp_wire_dtype=fp8``);
-* ``ckv``: DCP=2, packed-CKV route (``dcp_prefill_route=ckv``);
-* ``auto``: DCP=2, ``dcp_prefill_route=auto``.
+* ``dcp1``: DCP=1 (the ceiling: no DCP traffic, 1/N of the KV capacity per rank);
+* ``query``: 0.33's GLM default transport (``dcp_comm_backend="a2a"``; the CUDA DSA layer
+  does not honour ``dcp_q_replicate``), stock query route (``dcp_prefill_route="query"``);
+* ``query-fp8``: the query route with patch 0008's fp8 wire (``dcp_wire_dtype="fp8"``);
+* ``ckv``: patch 0007's packed-CKV route (``dcp_prefill_route="ckv"``);
+* ``auto``: ``dcp_prefill_route="auto"``;
+* ``ckv-fp8``: ``ckv`` with the fp8 wire for the decode rows' collectives.
 
-For each prompt length (default 8k / 32k / 64k) it times ``generate`` of
-``--prompts`` random prompts with ``max_tokens=1`` (prefill tok/s), then generates
-``--greedy-tokens`` greedy tokens for one 8k and one 32k prompt so the driver can check
-that every DCP configuration produces DCP=1's tokens. The DCP ledger (patch 0010) is on,
-and its per-layer summary is stored.
+For each prompt length (default 8k / 32k / 64k) it times ``generate`` of ``--prompts`` random
+prompts with ``max_tokens=1`` (prefill tok/s), then generates ``--greedy-tokens`` greedy tokens
+for one 8k and one 32k prompt so the driver can compare every DCP configuration's tokens with
+DCP=1's (with dummy weights that shows the transports run, not equivalence). The DCP ledger
+(patch 0009, ``dcp_comm_ledger_size``) is on and its per-layer summary is stored.
 
-One configuration under torchrun (the vLLM ``external_launcher`` backend, one process per
-GPU):
+One configuration under torchrun (vLLM's ``external_launcher``, one process per GPU):
 
     torchrun --nproc-per-node 2 scripts/bench_dcp_prefill.py --worker --config ckv
 
-All configurations on both fabrics in one run (plain python; it launches torchrun per
-configuration, once with NVLink P2P and once with ``NCCL_P2P_DISABLE=1``), with the
-ratios computed from the same run:
+All configurations on both fabrics in one run (it launches torchrun per configuration, once
+with NVLink P2P and once with ``NCCL_P2P_DISABLE=1``), ratios from the same run:
 
     python scripts/bench_dcp_prefill.py
 
-Writes ``results/bench_dcp_prefill-<UTC time>.json`` (command, git revision, machine,
-figures, ratios, token equality). Needs the patched vLLM (0002 kernel + 0004 backend +
-0008-0010) installed, e.g. the overlay wheel.
+Writes ``results/bench_dcp_prefill-<UTC time>.json`` (command, git revision, base version,
+machine, figures, ratios, token comparison). Needs vLLM 0.33.0 with the series (0002, 0007-0009)
+installed, e.g. the overlay wheel. Without GPUs, ``--byte-model --vllm-tree <patched tree>``
+prints the per-layer bytes each configuration moves for the same prompts (no vLLM engine).
 """
 
 from __future__ import annotations
@@ -52,12 +53,14 @@ from evidence import git_revision
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = REPO / "scripts" / "models" / "glm5-attn-tiny"
+BASE_VERSION = "0.33.0"
 CONFIGS: dict[str, dict[str, Any]] = {
     "dcp1": {"dcp": 1},
-    "query-bf16": {"dcp": 2, "dcp_prefill_route": "query", "dcp_wire_dtype": "auto"},
+    "query": {"dcp": 2, "dcp_prefill_route": "query", "dcp_wire_dtype": "auto"},
     "query-fp8": {"dcp": 2, "dcp_prefill_route": "query", "dcp_wire_dtype": "fp8"},
     "ckv": {"dcp": 2, "dcp_prefill_route": "ckv", "dcp_wire_dtype": "auto"},
     "auto": {"dcp": 2, "dcp_prefill_route": "auto", "dcp_wire_dtype": "auto"},
+    "ckv-fp8": {"dcp": 2, "dcp_prefill_route": "ckv", "dcp_wire_dtype": "fp8"},
 }
 FABRICS = {"p2p": {}, "pcie-like": {"NCCL_P2P_DISABLE": "1"}}
 GREEDY_LENGTHS = (8192, 32768)
@@ -88,7 +91,7 @@ def machine() -> dict[str, Any]:
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The ``LLM(...)`` arguments of one configuration.
 
-    The DCP transport settings are plain engine arguments (patches 0008-0010 add them to
+    The DCP transport settings are plain engine arguments (patches 0007-0009 add them to
     EngineArgs), so a vLLM without those patches refuses them instead of ignoring them.
     """
     cfg = CONFIGS[args.config]
@@ -112,6 +115,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         kwargs["attention_backend"] = args.attention_backend
     if cfg["dcp"] > 1:
         kwargs.update(
+            dcp_comm_backend="a2a",  # 0.33's GLM default, set explicitly
             dcp_prefill_route=cfg["dcp_prefill_route"],
             dcp_wire_dtype=cfg["dcp_wire_dtype"],
             dcp_comm_ledger_size=args.ledger_size,
@@ -137,9 +141,9 @@ def run_worker(args: argparse.Namespace) -> None:
 
     prefill = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     llm.generate(prompts(4096, 1), prefill, use_tqdm=False)  # warm-up
-    from vllm.v1.attention.ops.dcp_comm_ledger import get_dcp_comm_ledger
+    from vllm.v1.attention.ops.dcp import get_dcp_comm_ledger
 
-    ledger = get_dcp_comm_ledger()
+    ledger = get_dcp_comm_ledger()  # this worker's (external_launcher: same process)
     figures = []
     for length in args.lengths:
         batch = prompts(length, args.prompts)
@@ -220,7 +224,7 @@ def run_driver(args: argparse.Namespace, argv: list[str], passthrough: list[str]
     ratios: dict[str, Any] = {}
     tokens: dict[str, Any] = {}
     for fabric, by_config in runs.items():
-        base = by_config.get("query-bf16")
+        base = by_config.get("query")
         ceiling = by_config.get("dcp1")
         ratios[fabric] = {}
         for config, rec in by_config.items():
@@ -228,7 +232,7 @@ def run_driver(args: argparse.Namespace, argv: list[str], passthrough: list[str]
             for i, point in enumerate(rec["figures"]):
                 entry = {}
                 if base is not None:
-                    entry["over_query_bf16"] = (
+                    entry["over_query"] = (
                         point["prefill_tok_per_s"] / base["figures"][i]["prefill_tok_per_s"]
                     )
                 if ceiling is not None:
@@ -250,6 +254,7 @@ def run_driver(args: argparse.Namespace, argv: list[str], passthrough: list[str]
         "script": "scripts/bench_dcp_prefill.py",
         "command": " ".join(shlex.quote(a) for a in [sys.argv[0], *argv]),
         "git_revision": git_revision(REPO),
+        "base_version": BASE_VERSION,
         "machine": machine(),
         "model": str(args.model),
         "settings": {
@@ -284,6 +289,72 @@ def run_driver(args: argparse.Namespace, argv: list[str], passthrough: list[str]
     return 1 if failures else 0
 
 
+def byte_model_report(args: argparse.Namespace) -> str:
+    """Bytes each rank receives per layer over the timed prompts of every DCP
+    configuration, from the shipped byte model and route choice (patches 0007/0008):
+    the prompt is prefilled in chunks of ``--chunk`` rows, each chunk takes the route
+    the configuration picks for it (the auto choice included)."""
+    import importlib.util
+
+    tree = Path(args.vllm_tree).resolve()
+    mods = {}
+    for key, rel in (
+        ("model", "vllm/v1/attention/ops/dcp_wire_model.py"),
+        ("ckv", "vllm/v1/attention/ops/dcp_packed_ckv.py"),
+    ):
+        path = tree / rel
+        if not path.is_file():
+            raise SystemExit(f"{path} not found: pass --vllm-tree (the patched vLLM tree)")
+        spec = importlib.util.spec_from_file_location(f"bench_prefill_{key}", path)
+        assert spec is not None and spec.loader is not None
+        mods[key] = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mods[key]  # dataclasses look their module up
+        spec.loader.exec_module(mods[key])
+    model, ckv = mods["model"], mods["ckv"]
+    n, heads = args.dcp, 64 // args.tp
+    capacity = ckv.packed_ckv_capacity_rows(max(args.lengths) + 256, args.max_num_seqs, n, 1)
+    lines = [
+        f"TP={args.tp} DCP={n} (H_local={heads}), chunk={args.chunk}, a2a combine; "
+        "MiB received per rank per layer over one cold prompt (chunks on the route chosen)",
+        "",
+        "| prompt | " + " | ".join(c for c in CONFIGS if c != "dcp1") + " |",
+        "|---:|" + "---:|" * (len(CONFIGS) - 1),
+    ]
+    for length in args.lengths:
+        cells = []
+        for name, cfg in CONFIGS.items():
+            if name == "dcp1":
+                continue
+            total, done, ckv_chunks, chunks = 0, 0, 0, 0
+            while done < length:
+                rows = min(args.chunk, length - done)
+                done += rows
+                chunks += 1
+                rank_rows = ckv.packed_ckv_layout([done], n, 1).rank_rows
+                route = model.select_prefill_route(
+                    cfg["dcp_prefill_route"],
+                    rank_rows=rank_rows,
+                    capacity_rows=capacity,
+                    num_prefill_rows=rows,
+                    num_decode_rows=0,
+                    can_split_decode_rows=True,
+                    num_local_heads=heads,
+                    dcp_size=n,
+                    comm_backend="a2a",
+                    wire_dtype=cfg["dcp_wire_dtype"],
+                )
+                if route == "ckv":
+                    ckv_chunks += 1
+                    total += model.ckv_route_bytes(rank_rows, n).total
+                else:
+                    total += model.query_route_bytes(
+                        rows, heads, n, "a2a", wire_dtype=cfg["dcp_wire_dtype"]
+                    ).total
+            cells.append(f"{total / 2**20:,.1f} ({ckv_chunks}/{chunks} ckv)")
+        lines.append(f"| {length:,} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -293,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         "--configs",
         nargs="+",
         choices=sorted(CONFIGS),
-        default=["dcp1", "query-bf16", "query-fp8", "ckv", "auto"],
+        default=["dcp1", "query", "query-fp8", "ckv", "auto", "ckv-fp8"],
     )
     p.add_argument("--fabrics", nargs="+", choices=sorted(FABRICS), default=["p2p", "pcie-like"])
     p.add_argument("--model", type=Path, default=MODEL)
@@ -307,13 +378,26 @@ def main(argv: list[str] | None = None) -> int:
         "--chunk", type=int, default=8192, help="max_num_batched_tokens (the prefill chunk)"
     )
     p.add_argument("--max-num-seqs", type=int, default=8)
-    p.add_argument("--attention-backend", default="TRITON_MLA_SPARSE")
+    p.add_argument(
+        "--attention-backend",
+        default=None,
+        help="attention backend name (default: vLLM's choice for the GPU)",
+    )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.8)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--greedy-tokens", type=int, default=16)
     p.add_argument("--ledger-size", type=int, default=64)
     p.add_argument("--out", default=None)
+    p.add_argument(
+        "--byte-model",
+        action="store_true",
+        help="print the per-layer bytes of every configuration (CPU, no engine)",
+    )
+    p.add_argument("--vllm-tree", default=str(REPO / "build" / "vllm"))
     args = p.parse_args(argv)
+    if args.byte_model:
+        print(byte_model_report(args))
+        return 0
     if args.worker:
         run_worker(args)
         return 0
