@@ -7,29 +7,26 @@ the adaptive throughput as a fraction of the best fixed ladder depth whenever it
 design/mtp.md quotes its output.
 
     DCP_VLLM_TREE=build/vllm python proofs/sweep_adaptive_depth.py
+
+It loads the controller of vllm/0012 (vLLM 0.33.0 base) through ``conftest.load_leaf``, the
+loader the proofs use.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import random
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from conftest import load_leaf  # noqa: E402
+
 LADDER = (2, 4, 5)
 
 
 def load_controller():
-    tree = Path(os.environ.get("DCP_VLLM_TREE", REPO / "build" / "vllm"))
-    path = tree / "vllm/v1/spec_decode/adaptive_depth.py"
-    spec = importlib.util.spec_from_file_location("sweep_adaptive_depth_leaf", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_leaf("vllm/v1/spec_decode/adaptive_depth.py")
 
 
 def accept_length(rng: random.Random, q0: float, decay: float) -> int:
