@@ -372,6 +372,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", default="glm_moe_dsa", choices=["deepseek_v32", "glm_moe_dsa"])
     ap.add_argument("--parts", default="throughput", help="throughput and/or phases")
     ap.add_argument("--comparisons", default=DEFAULT_COMPARISONS, help="KIND:BATCH,...")
+    ap.add_argument(
+        "--ckpts",
+        default=None,
+        help="older form (scripts/gpu_h200_session.sh): KIND,... at batch --batch",
+    )
     ap.add_argument("--modes", default="2,4,5,schedule,adaptive")
     ap.add_argument(
         "--schedule",
@@ -379,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         help="num_speculative_tokens_per_batch_size of mode 'schedule' (JSON)",
     )
     ap.add_argument("--decode-tokens", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=1, help="phases: concurrent requests")
+    ap.add_argument("--batch", type=int, default=1, help="phases (and --ckpts): requests")
     ap.add_argument("--code-tokens", type=int, default=600)
     ap.add_argument("--prose-tokens", type=int, default=120)
     ap.add_argument("--dcp", type=int, default=1)
@@ -411,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         args.json_out.write_text(json.dumps(result, indent=1, sort_keys=True))
         return 0
 
+    if args.ckpts:
+        args.comparisons = ",".join(f"{k}:{args.batch}" for k in args.ckpts.split(",") if k)
     comparisons = [parse_comparison(c) for c in args.comparisons.split(",") if c]
     parts = args.parts.split(",")
     kinds = {"mixed" if k == "mixed_in_batch" else k for k, _ in comparisons}
