@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""CPU proofs for vllm/0013: the adaptive speculation-depth controller (k-ladder 2/4/5).
+"""CPU proofs for vllm/0012 (vLLM 0.33.0 base): the adaptive speculation-depth controller
+(k-ladder 2/4/5).
 
 The controller is loaded by path from the patched tree
-(``vllm/v1/spec_decode/adaptive_depth.py``, stdlib only). Acceptance traces are generated
-with hypothesis. A trace is a list of steps; each step lists, per request, its *accept
-length* ``a``: the draft at position ``p`` (0-based) would be accepted iff ``p < a``, so a
-verification of ``d`` drafts accepts ``min(a, d)`` tokens.
+(``vllm/v1/spec_decode/adaptive_depth.py``, stdlib only; ``$DCP_VLLM_TREE``). Acceptance
+traces are generated with hypothesis. A trace is a list of steps; each step lists, per request,
+its *accept length* ``a``: the draft at position ``p`` (0-based) would be accepted iff
+``p < a``, so a verification of ``d`` drafts accepts ``min(a, d)`` tokens.
 
 The cost model (stated in design/mtp.md): one decode step at depth ``d`` costs
 ``1 + alpha * d`` (target verification of ``d + 1`` tokens plus ``d`` draft steps; the
@@ -170,6 +171,47 @@ def test_depth_follows_the_table_on_the_ladder_at_window_ends(ad, trace):
     for i in decided:
         assert i - last_decision >= WINDOWS[depth_at[last_decision + 1]]
         last_decision = i
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=acceptance_traces(), in_flight=st.integers(0, 3))
+def test_request_bookkeeping_counts_exactly_the_current_epochs_drafts(ad, trace, in_flight):
+    """With 0-3 frames in flight between scheduling a step and processing its output (async
+    scheduling, pipeline parallelism), the request-keyed bookkeeping the scheduler uses
+    (``drafts_proposed`` per scheduled request, ``verify`` per verification) counts a
+    verification iff its drafts were proposed in the current epoch, and gives the depth
+    trajectory of tagging each verification with the epoch of the frame that proposed it."""
+    keyed = ad.AdaptiveDepthController()
+    tagged = ad.AdaptiveDepthController()
+    pending: list[tuple[int, int]] = []  # (epoch, depth) of frames scheduled, not processed
+    proposer: tuple[int, int] | None = None  # frame whose drafts the requests carry
+    keyed_depths, tagged_depths = [], []
+    for step in trace:
+        pending.append((keyed.epoch, keyed.depth))  # schedule the next frame
+        if len(pending) <= in_flight:
+            continue
+        frame = pending.pop(0)  # process the oldest frame
+        for req, a in enumerate(step):
+            if proposer is not None:
+                epoch, depth = proposer
+                fresh = epoch == tagged.epoch
+                assert keyed.verify(str(req), depth, min(a, depth)) == fresh
+                assert tagged.observe(epoch, depth, min(a, depth)) == fresh
+            keyed.drafts_proposed(str(req), frame[0])
+        proposer = frame
+        keyed.end_step()
+        tagged.end_step()
+        keyed_depths.append(keyed.depth)
+        tagged_depths.append(tagged.depth)
+    assert keyed_depths == tagged_depths
+    assert keyed.num_stale_verifications == tagged.num_stale_verifications
+    # Each depth change makes the drafts of the frame just processed and of the frames in
+    # flight stale, for every request; a new window needs fresh steps, so only the last
+    # change can be cut short by the end of the trace.
+    per_change = len(trace[0]) * (in_flight + 1)
+    changes = keyed.epoch
+    assert per_change * max(changes - 1, 0) <= keyed.num_stale_verifications
+    assert keyed.num_stale_verifications <= per_change * changes
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

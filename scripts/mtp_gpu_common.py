@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Helpers shared by the MTP GPU evidence scripts (gpu_mtp_exactness.py, gpu_mtp_adaptive.py).
+"""Helpers shared by the MTP GPU evidence scripts (gpu_mtp_exactness.py, gpu_mtp_adaptive.py),
+written for vLLM 0.33 (Model Runner V2, ``adaptive_speculative_tokens="acceptance"`` of patch
+vllm/0012-spec-decode-adaptive-depth.patch).
 
 Result files follow the repository convention: one JSON per run under ``results/`` (or
 ``$OUT`` on the device machine) with the command, the git revision, the machine and the
@@ -79,23 +81,57 @@ def tiny_dsa_dir() -> Path:
     raise SystemExit("tiny_dsa/config.json not found: pass --model")
 
 
-def mtp_spec(mode: int | str, windows: list[int] | None = None) -> dict[str, Any] | None:
-    """The speculative_config of one run: ``0`` none, an int a fixed MTP depth, ``"adaptive"``
-    the 2/4/5 ladder (vLLM's default windows unless ``windows`` is given)."""
+# Upstream's batch-size schedule for mode "schedule": deep at small batches, shallow at large
+# ones, within the ladder's range (num_speculative_tokens 5).
+DEFAULT_SCHEDULE: list[list[int]] = [[1, 2, 5], [3, 4, 4], [5, 1024, 2]]
+
+
+def mtp_spec(
+    mode: int | str,
+    windows: list[int] | None = None,
+    schedule: list[list[int]] | None = None,
+) -> dict[str, Any] | None:
+    """The speculative_config of one run: ``0`` none, an int a fixed MTP depth,
+    ``"schedule"`` upstream's batch-size schedule (``num_speculative_tokens_per_batch_size``,
+    ``schedule`` or DEFAULT_SCHEDULE), ``"adaptive"`` the 2/4/5 ladder
+    (``adaptive_speculative_tokens="acceptance"``; vLLM's default windows unless ``windows``
+    is given)."""
     if mode in (0, "0"):
         return None
     spec: dict[str, Any] = {"method": "mtp"}
     if mode == "adaptive":
         spec |= {
             "num_speculative_tokens": 5,
-            "adaptive_speculative_tokens": True,
+            "adaptive_speculative_tokens": "acceptance",
             "adaptive_speculative_tokens_ladder": [2, 4, 5],
         }
         if windows is not None:
             spec["adaptive_speculative_tokens_window"] = windows
+    elif mode == "schedule":
+        entries = schedule if schedule is not None else DEFAULT_SCHEDULE
+        spec |= {
+            "num_speculative_tokens": max(k for _, _, k in entries),
+            "num_speculative_tokens_per_batch_size": [list(e) for e in entries],
+        }
     else:
         spec["num_speculative_tokens"] = int(mode)
     return spec
+
+
+def mode_key(mode: int | str) -> str:
+    """The result key of a mode: ``k4``, ``schedule``, ``adaptive``, ``no_spec``."""
+    if mode in (0, "0"):
+        return "no_spec"
+    return str(mode) if mode in ("adaptive", "schedule") else f"k{mode}"
+
+
+def vllm_base() -> str | None:
+    """The vLLM release the run used, e.g. ``vllm-0.33.0`` (None without vLLM)."""
+    try:
+        import vllm
+    except ImportError:
+        return None
+    return f"vllm-{vllm.__version__}"
 
 
 def engine_kwargs(args: Any, model: str, spec: dict[str, Any] | None, **extra: Any) -> dict:
@@ -129,6 +165,14 @@ def free_llm(llm: Any) -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def resolved_cudagraph_mode(llm: Any) -> str | None:
+    """The cudagraph_mode vLLM resolved for this engine (a V1 fallback to PIECEWISE shows)."""
+    try:
+        return llm.llm_engine.vllm_config.compilation_config.cudagraph_mode.name
+    except AttributeError:
+        return None
 
 
 def find_scheduler(llm: Any) -> Any | None:
@@ -171,7 +215,11 @@ def spec_metrics(llm: Any) -> dict[str, Any]:
     for m in metrics:
         if not m.name.startswith("vllm:spec_decode"):
             continue
-        if hasattr(m, "values"):
+        if hasattr(m, "buckets"):  # a histogram: cumulative counts per upper bound "le"
+            bucket = snap.setdefault(m.name, {})
+            for le, count in m.buckets.items():
+                bucket[le] = bucket.get(le, 0) + count
+        elif hasattr(m, "values"):
             snap[m.name] = list(m.values)
         elif hasattr(m, "value"):
             label = m.labels.get("position") or m.labels.get("depth")

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import gpu_mtp_adaptive  # noqa: E402
 import gpu_mtp_exactness  # noqa: E402
 import results_tables  # noqa: E402
-from mtp_gpu_common import mtp_spec  # noqa: E402
+from mtp_gpu_common import DEFAULT_SCHEDULE, mode_key, mtp_spec  # noqa: E402
 
 
 def run(tokens: list[list[int]], logprobs: list[list[dict[str, float]]]) -> dict:
@@ -94,13 +94,149 @@ def test_mtp_spec():
     assert mtp_spec(0) is None and mtp_spec("0") is None
     assert mtp_spec(4) == {"method": "mtp", "num_speculative_tokens": 4}
     adaptive = mtp_spec("adaptive", windows=[4, 2, 2])
+    # vLLM 0.33 patch 0012: a Literal switch, not a bool
+    assert adaptive["adaptive_speculative_tokens"] == "acceptance"
     assert adaptive["adaptive_speculative_tokens_ladder"] == [2, 4, 5]
     assert adaptive["adaptive_speculative_tokens_window"] == [4, 2, 2]
     assert "adaptive_speculative_tokens_window" not in mtp_spec("adaptive")
+    schedule = mtp_spec("schedule")
+    assert schedule["num_speculative_tokens_per_batch_size"] == DEFAULT_SCHEDULE
+    assert schedule["num_speculative_tokens"] == 5
+    assert mtp_spec("schedule", schedule=[[1, 4, 3]])["num_speculative_tokens"] == 3
+    assert [mode_key(m) for m in ("0", "2", "schedule", "adaptive")] == [
+        "no_spec",
+        "k2",
+        "schedule",
+        "adaptive",
+    ]
+
+
+def test_negative_control_is_caught_and_all_ok_needs_it():
+    control = gpu_mtp_exactness.negative_control(BASE, topk=2, tol=0.05)
+    assert control["caught"] and control["verdict"]["first_mismatch"] == [0, 0]
+    ok_run = {"vs_no_spec": {"ok": True}}
+    assert gpu_mtp_exactness.all_ok(
+        {"runs": {"no_spec": BASE, "k2": ok_run}, "negative_control": control}
+    )
+    assert not gpu_mtp_exactness.all_ok(
+        {"runs": {"no_spec": BASE, "k2": ok_run}, "negative_control": {"caught": False}}
+    )
+    assert not gpu_mtp_exactness.all_ok({"runs": {"no_spec": BASE}})
+    assert not gpu_mtp_exactness.all_ok(
+        {"runs": {"no_spec": BASE, "k2": ok_run, "adaptive": {"error": "boom"}}}
+    )
+
+
+def test_mixed_prompts_stay_in_their_region():
+    prompts = gpu_mtp_exactness.region_of_prompts(1000, [64, 3000, 7], "mixed")
+    code, prose, code2 = (p["prompt_token_ids"] for p in prompts)
+    assert all(2 <= t < 500 for t in code + code2) and all(500 <= t < 1000 for t in prose)
+    assert len(prose) == 3000
+    random_prompts = gpu_mtp_exactness.region_of_prompts(1000, [64], None)
+    assert len(random_prompts[0]["prompt_token_ids"]) == 64
+
+
+def entry(tps: float, gib: float | None = 0.5) -> dict:
+    return {"decode_tok_per_s": tps, "graph_memory_gib": gib}
+
+
+def test_summary_ratio_to_best_fixed_and_goals():
+    entries = {"k2": entry(444.3), "k4": entry(490.1), "k5": entry(515.8, 0.7)}
+    agree = gpu_mtp_adaptive.summarize("agree", entries | {"adaptive": entry(503.0, 1.4)})
+    assert agree["best_fixed"] == "k5"
+    assert agree["adaptive_over_best_fixed"] == round(503.0 / 515.8, 4)
+    assert agree["goal_met"]  # 0.975 >= 0.97
+    assert agree["graph_memory_per_ladder_depth_gib"] == {"2": 0.5, "4": 0.5, "5": 0.7}
+    assert agree["graph_memory_gib"]["adaptive"] == 1.4
+    slow = gpu_mtp_adaptive.summarize("agree", entries | {"adaptive": entry(372.6)})
+    assert slow["adaptive_over_best_fixed"] == 0.7224 and not slow["goal_met"]
+    # mixed content: adaptive must beat every fixed depth, ties do not count
+    mixed = gpu_mtp_adaptive.summarize("mixed", entries | {"adaptive": entry(515.8)})
+    assert not mixed["goal_met"]
+    assert gpu_mtp_adaptive.summarize("mixed", entries | {"adaptive": entry(516.0)})["goal_met"]
+    with_schedule = entries | {"adaptive": entry(500.0), "schedule": entry(480.0)}
+    assert gpu_mtp_adaptive.summarize("disagree", with_schedule)["schedule_over_best_fixed"] == (
+        round(480.0 / 515.8, 4)
+    )
+
+
+def test_summary_without_adaptive_or_fixed_has_no_verdict():
+    failed = {"k2": entry(100.0), "adaptive": {"error": "ValueError('...')"}}
+    summary = gpu_mtp_adaptive.summarize("agree", failed)
+    assert summary["goal_met"] is None and summary["adaptive_over_best_fixed"] is None
+    assert summary["missing"] == ["adaptive", "k4", "k5"]
+    table = gpu_mtp_adaptive.goals_table(
+        {"agree/b1": {"summary": summary}, "disagree/b1": {"summary": {"goal_met": True}}}
+    )
+    assert table["all_goals_met"] is None
+    ok = gpu_mtp_adaptive.goals_table({"agree/b1": {"summary": {"goal_met": True}}})
+    assert ok["all_goals_met"] is True
+    assert (
+        gpu_mtp_adaptive.goals_table({"a/b1": {"error": "child exited 1"}})["all_goals_met"] is None
+    )
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("agree:1", ("agree", 1)),
+        ("mixed:8", ("mixed", 8)),
+        ("mixed_in_batch:8", ("mixed_in_batch", 8)),
+    ],
+)
+def test_parse_comparison(spec, expected):
+    assert gpu_mtp_adaptive.parse_comparison(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["agree", "code:1", "agree:0", "agree:x", "mixed_in_batch:1"])
+def test_parse_comparison_refuses(spec):
+    with pytest.raises(ValueError, match="comparison"):
+        gpu_mtp_adaptive.parse_comparison(spec)
+
+
+def test_call_plan_and_default_comparisons():
+    assert gpu_mtp_adaptive.call_plan("agree", 2) == [["code", "code"], ["prose", "prose"]]
+    assert gpu_mtp_adaptive.call_plan("mixed_in_batch", 4) == [["code", "prose"] * 2] * 2
+    parsed = [
+        gpu_mtp_adaptive.parse_comparison(c)
+        for c in gpu_mtp_adaptive.DEFAULT_COMPARISONS.split(",")
+    ]
+    assert {k for k, _ in parsed} == {"agree", "disagree", "mixed", "mixed_in_batch"}
+    assert {b for _, b in parsed} == {1, 8}
+
+
+def test_graph_memory_from_the_log_line():
+    lines = [
+        "Loading weights took 0.1 GiB",
+        "Graph capturing finished in 12 secs, took 0.84 GiB",
+    ]
+    assert gpu_mtp_adaptive.graph_memory_gib(lines) == 0.84
+    assert gpu_mtp_adaptive.graph_memory_gib(lines[:1]) is None
+
+
+def test_child_command_passes_the_comparison_options():
+    args = gpu_mtp_adaptive.argparse.Namespace(
+        ckpt_root=Path("/ck"),
+        arch="glm_moe_dsa",
+        modes="2,adaptive",
+        schedule="[[1, 2, 5]]",
+        decode_tokens=512,
+        max_model_len=4096,
+        gpu_mem=0.5,
+        max_num_seqs=8,
+        dcp=1,
+        tp=1,
+        cudagraph_mode=None,
+        eager=False,
+    )
+    cmd = gpu_mtp_adaptive.child_command(args, "agree:8", Path("/tmp/o.json"))
+    assert cmd[2:6] == ["--one", "agree:8", "--json-out", "/tmp/o.json"]
+    assert cmd[cmd.index("--modes") + 1] == "2,adaptive"
+    assert "--eager" not in cmd and "--cudagraph-mode" not in cmd
 
 
 def phase(depth_runs=None, hist=None) -> dict:
-    p: dict = {"metrics": {"vllm:spec_decode_adaptive_depth_steps": hist or {}}}
+    p: dict = {"metrics": {"vllm:spec_decode_adaptive_depth": hist or {}}}
     if depth_runs is not None:
         p["depth_runs"] = depth_runs
     return p
@@ -115,12 +251,20 @@ def test_phase_verdict_from_the_depth_trace():
     assert not stuck["climbed_to_5_in_code"] and not stuck["fell_to_2_in_prose"]
 
 
+def cumulative(at2: int, at4: int, at5: int) -> dict:
+    """Prometheus histogram buckets (cumulative, keyed by upper bound) of steps per depth."""
+    return {"2.0": at2, "4.0": at2 + at4, "5.0": at2 + at4 + at5, "+Inf": at2 + at4 + at5}
+
+
 def test_phase_verdict_from_histograms_needs_the_climb_first():
     ok = gpu_mtp_adaptive.phase_verdict(
-        [phase(hist={"2": 33, "5": 69}), phase(hist={"2": 90, "5": 29})]
+        [phase(hist=cumulative(33, 18, 69)), phase(hist=cumulative(90, 0, 29))]
     )
     assert ok["verdict_from"] == "per-phase depth histograms" and ok["fell_to_2_in_prose"]
-    never_climbed = gpu_mtp_adaptive.phase_verdict([phase(hist={"2": 120}), phase(hist={"2": 90})])
+    assert ok["climbed_to_5_in_code"]
+    never_climbed = gpu_mtp_adaptive.phase_verdict(
+        [phase(hist=cumulative(102, 18, 0)), phase(hist=cumulative(90, 0, 0))]
+    )
     assert not never_climbed["climbed_to_5_in_code"]
     assert not never_climbed["fell_to_2_in_prose"]
 
