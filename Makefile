@@ -119,7 +119,15 @@ export: fetch
 lint-patches: fetch
 	$(PATCHSET) lint $(if $(RUFF),--ruff $(RUFF))
 
-lint: lint-patches
+lint: lint-patches lint-docs
+
+# vLLM renders docs/design/attention_backends.md from the backend registry at docs-build time;
+# run that generator on the patched tree: every backend gets a row, and the page matches the
+# committed rendering (regenerate it with `make lint-docs DOCS_UPDATE=--update`).
+DOCS_UPDATE ?=
+lint-docs: apply
+	$(PY) scripts/check_attention_backend_docs.py $(VLLM) --snapshot design/attention_backends.rendered.md $(DOCS_UPDATE)
+.PHONY: lint-docs
 
 rebase-report: fetch
 	scripts/rebase_report.sh $(REBASE_ONTO)

@@ -496,7 +496,7 @@ def test_inverted_route_equals_stock_route_with_shipped_kernel(geo):
     """With the shipped Triton sparse-MLA kernel (patch 0002) on both sides, the
     packed-CKV route's per-rank output equals the stock route's (bf16 query all-gather,
     kernel over each localised shard, fp32 LSE merge) within bf16 rounding."""
-    kernel = load_leaf("vllm/v1/attention/ops/triton_sparse_mla.py")
+    kernel = load_shipped_triton("vllm/v1/attention/ops/triton_sparse_mla.py")
     sim = Sim(geo)
     n, hl = geo.n, geo.heads_local
     g = torch.Generator().manual_seed(geo.seed + 2)

@@ -78,13 +78,14 @@ def lazy_imports() -> dict[str, object]:
     caller must put into ``sys.modules`` while it runs the glue."""
     import test_dcp_packed_ckv as proof
     from conftest import load_leaf
+    from shipped_triton import load_shipped_triton
 
     return {
         "vllm.v1.attention.ops.dcp_packed_ckv": proof.ckv,
         "vllm.v1.attention.ops.dcp_wire_model": proof.wire,
         "vllm.v1.attention.backends.mla.sparse_utils": proof.su,
         "vllm.v1.attention.ops.dcp_fp8_wire": load_leaf("vllm/v1/attention/ops/dcp_fp8_wire.py"),
-        "vllm.v1.attention.ops.triton_sparse_mla": load_leaf(
+        "vllm.v1.attention.ops.triton_sparse_mla": load_shipped_triton(
             "vllm/v1/attention/ops/triton_sparse_mla.py"
         ),
         "vllm.v1.worker.workspace": SimpleNamespace(
