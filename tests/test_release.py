@@ -52,7 +52,8 @@ def test_versions_are_read_from_version_py_and_from_an_exact_git_tag(tmp_path: P
     (tmp_path / "vllm/_version.py").write_text("__version__ = version = '0.33.0+cu130'\n")
     assert tree_release(tmp_path, "vllm") == ("0.33.0+cu130", "vllm/_version.py")
     assert release_problem(tmp_path, "vllm", "vllm==0.33.0") is None
-    assert public("0.33.0+cu130") == "0.33.0"
+    assert public("0.33.0+cu130") == public("0.33.0.dev0") == "0.33.0"
+    assert public("0.33.1.dev3+gabc") == "0.33.1"
 
     repo = tmp_path / "co"
     (repo / "vllm").mkdir(parents=True)

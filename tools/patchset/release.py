@@ -24,8 +24,10 @@ def pinned_release(requirement: str) -> str | None:
 
 
 def public(version: str) -> str:
-    """The public part of a version: ``0.33.0+cu130`` -> ``0.33.0``."""
-    return version.split("+", 1)[0]
+    """The release segment of a version: ``0.33.0+cu130`` and ``0.33.0.dev0`` -> ``0.33.0``
+    (a source tree's generated ``_version.py`` may carry a dev label for the release itself)."""
+    match = re.match(r"\d+(?:\.\d+)*", version.removeprefix("v"))
+    return match.group(0) if match else version
 
 
 def tree_release(root: Path, target: str) -> tuple[str, str] | None:
