@@ -119,7 +119,10 @@ def test_select_applies_every_rule_with_its_reason(tree: Path, tmp_path: Path) -
         "tests/engine/test_func_import.py": ["imports:vllm/config/vllm.py"],
         "tests/engine/test_uses_config.py": ["imports:vllm/config/vllm.py"],
         "tests/test_envs.py": ["imports:vllm/envs.py", "name:vllm/envs.py"],
-        "tests/v1/core/test_kv.py": ["dir:tests/v1/core/utils.py", "edited:tests/v1/core/test_kv.py"],
+        "tests/v1/core/test_kv.py": [
+            "dir:tests/v1/core/utils.py",
+            "edited:tests/v1/core/test_kv.py",
+        ],
         "tests/v1/core/test_scheduler.py": [
             "dir:tests/v1/core/utils.py",
             "imports:tests/v1/core/utils.py",
@@ -349,7 +352,8 @@ def test_run_side_records_outcomes_and_resumes_after_a_crash(tmp_path: Path) -> 
     got = {k: (v.outcome, v.reason) for k, v in run.outcomes.items()}
     assert run.complete and run.restarts == 1
     assert got["tests/test_s.py::test_a"] == ("passed", "")
-    assert got["tests/test_s.py::test_b"][0] == "failed" and "nope" in got["tests/test_s.py::test_b"][1]
+    assert got["tests/test_s.py::test_b"][0] == "failed"
+    assert "nope" in got["tests/test_s.py::test_b"][1]
     assert got["tests/test_s.py::test_c"] == (
         "error",
         "the pytest process died (exit 3) during this test",

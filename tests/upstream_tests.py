@@ -895,7 +895,7 @@ def settings(timeout_s: int) -> dict[str, object]:
     }
 
 
-REGENERATE = "make upstream-baseline STOCK_PYTHON=<python with the official pinned vLLM wheel>"
+REGENERATE = "make upstream-baseline"
 
 
 def load_baseline(path: Path, touched: Touched, sel: Selection, timeout_s: int) -> dict:
@@ -1109,6 +1109,37 @@ def lock_like(
     return {"schema_version": 1, "pins": dict(sorted(pins.items())), "patches": patches}
 
 
+STOCK_MARKER = "dcp-stock-wheel.json"
+
+
+def make_stock_venv(venv: Path) -> str:
+    """A venv with the OFFICIAL pinned vLLM wheel (+ the pinned b12x wheel and the test tools of
+    tests/vllm_tree_tests.py): the stock twin of the test venv. Reused when it has that wheel."""
+    from patchset.fetch import pinned_file
+    from patchset.hashing import sha256_file
+    from vllm_tree_tests import TEST_TOOLS
+
+    wheel = pinned_file("vllm", "wheel", root=REPO, offline=True)
+    b12x = pinned_file("b12x", "wheel", root=REPO, offline=True)
+    digest = sha256_file(wheel)
+    python = venv / "bin" / "python"
+    marker = venv / STOCK_MARKER
+    if python.exists() and marker.is_file():
+        if json.loads(marker.read_text()).get("sha256") == digest:
+            print(f"stock venv: reusing {venv} ({wheel.name})")
+            return str(python)
+    if venv.exists():
+        shutil.rmtree(venv)
+    print(f"stock venv: creating {venv} with {wheel.name} + {b12x.name} (official, unpatched)")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    env = {**os.environ, "PIP_CACHE_DIR": str(REPO / ".cache" / "pip")}
+    env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+    pip = [str(python), "-m", "pip", "install", "--progress-bar", "off", "-q"]
+    subprocess.run([*pip, str(wheel), str(b12x), *TEST_TOOLS], env=env, check=True)
+    marker.write_text(json.dumps({"filename": wheel.name, "sha256": digest}) + "\n")
+    return str(python)
+
+
 # -- command line ------------------------------------------------------------------------------
 
 
@@ -1138,7 +1169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     common(p)
     p = sub.add_parser("baseline", help="run on the official wheel, write the stock baseline")
     running(p)
-    p.add_argument("--python", required=True, help="a python with the official pinned wheel")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--python", help="a python with the official pinned wheel")
+    g.add_argument("--stock-venv", type=Path, help="make (or reuse) this venv with that wheel")
     p = sub.add_parser("check", help="run on the patched side and compare with the baseline")
     running(p)
     g = p.add_mutually_exclusive_group(required=True)
@@ -1174,8 +1207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(work)
         work.mkdir(parents=True)
         if args.command == "baseline":
+            stock = args.python or make_stock_venv(args.stock_venv.resolve())
             make_baseline(
-                python=args.python,
+                python=stock,
                 tree=tree,
                 touched=touched,
                 results=args.results.resolve(),

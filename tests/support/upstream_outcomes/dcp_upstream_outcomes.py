@@ -46,8 +46,11 @@ def _reason(report) -> str:
     crash = getattr(longrepr, "reprcrash", None)
     if crash is not None and getattr(crash, "message", None):
         return str(crash.message)
-    text = str(longrepr).strip().splitlines()
-    return text[-1] if text else ""
+    text = [line for line in str(longrepr).strip().splitlines() if line.strip()]
+    errors = [line[1:].strip() for line in text if line.startswith("E ")]
+    if errors:
+        return errors[-1]
+    return text[-1].strip() if text else ""
 
 
 def pytest_collection_modifyitems(config, items):
