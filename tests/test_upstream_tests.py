@@ -88,12 +88,12 @@ def test_reaches_direct_submodule_and_reexport_but_not_a_name_prefix(tree: Path)
     """``vllm.config.vllm`` is reached by its own import, ``from vllm.config import vllm`` and the
     re-exported ``VllmConfig``; ``vllm.config.vllm_extra`` and ``vllm.config`` alone do not."""
     m = "vllm.config.vllm"
-    assert ut.reaches({("vllm.config.vllm", "VllmConfig")}, m, tree)
-    assert ut.reaches({("vllm.config", "vllm")}, m, tree)
-    assert ut.reaches({("vllm.config", "VllmConfig")}, m, tree)
-    assert not ut.reaches({("vllm.config.vllm_extra", "Y")}, m, tree)
-    assert not ut.reaches({("vllm.config", "CacheConfig")}, m, tree)
-    assert not ut.reaches({("vllm.config", None)}, m, tree)
+    assert ut.reaches({("vllm.config.vllm", "VllmConfig")}, m, tree) == "direct"
+    assert ut.reaches({("vllm.config", "vllm")}, m, tree) == "direct"
+    assert ut.reaches({("vllm.config", "VllmConfig")}, m, tree) == "reexport"
+    assert ut.reaches({("vllm.config.vllm_extra", "Y")}, m, tree) is None
+    assert ut.reaches({("vllm.config", "CacheConfig")}, m, tree) is None
+    assert ut.reaches({("vllm.config", None)}, m, tree) is None
 
 
 def test_select_applies_every_rule_with_its_reason(tree: Path, tmp_path: Path) -> None:
@@ -137,6 +137,21 @@ def test_select_applies_every_rule_with_its_reason(tree: Path, tmp_path: Path) -
     assert "tests/config/sub/test_deep.py" not in sel.files  # dir rule: not recursive
     assert "tests/test_other.py" not in sel.files  # root module: no dir rule
     assert "tests/engine/test_extra.py" not in sel.files  # vllm_extra is not vllm
+
+
+def test_select_bounds_a_hub_module_to_its_direct_importers(tree: Path, tmp_path: Path) -> None:
+    """Over the limit of re-export-only importers, a module keeps its direct importers (and name,
+    dir rules) and the bound is recorded; at the limit the re-export importers stay."""
+    touched = ut.load_touched(lock(tmp_path, {"vllm/config/vllm.py": "modify"}))
+    write(tree, "tests/engine/test_direct.py", "from vllm.config.vllm import VllmConfig\n")
+    full = ut.select(touched, tree, hub_limit=1)
+    assert "tests/engine/test_uses_config.py" in full.files and full.bounds == {}
+    bounded = ut.select(touched, tree, hub_limit=0)
+    assert "tests/engine/test_uses_config.py" not in bounded.files
+    assert bounded.files["tests/engine/test_direct.py"] == ["imports:vllm/config/vllm.py"]
+    assert bounded.files["tests/engine/test_func_import.py"] == ["imports:vllm/config/vllm.py"]
+    assert bounded.files["tests/config/test_misc.py"] == ["dir:vllm/config/vllm.py"]
+    assert bounded.bounds["vllm/config/vllm.py"].startswith("a hub: 1 test files reach it only")
 
 
 def test_select_dir_rule_needs_the_exact_mirror_directory(tree: Path, tmp_path: Path) -> None:

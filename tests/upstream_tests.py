@@ -59,12 +59,22 @@ RUN_LIMIT_S = 50 * 60
 MAX_RESTARTS = 8
 """How often a run that died (segfault, OOM kill) resumes after the test that killed it."""
 
+HUB_REEXPORT_LIMIT = 30
+"""A touched module that more test files reach only through a package re-export is a hub (the
+config classes every test builds: ``from vllm.config import VllmConfig`` is in 236 files of
+0.33.0): its re-export reach is not used, its direct importers, name and dir rules still are.
+Recorded per module in the selection's ``bounds``; measured reason in design/upstream-tests.md."""
+
 DESELECTED: dict[str, str] = {}
 """Test ids (or files) never run, each with the reason (recorded in the baseline and report)."""
 
 OUTCOMES = ("passed", "failed", "error", "skipped", "hub-skip", "xfailed", "xpassed", "not-run")
 HUB_SKIP_PREFIX = "needs huggingface.co"
 """How dcp_ci_support.hub_offline words a skip that is only the hub's offline error."""
+NOT_RUN_REASON = (
+    "not run on patched: it did not pass on stock, so it cannot regress (--all runs it)"
+)
+"""The patched side runs only the ids that passed on stock, unless ``check --all``."""
 NOT_PASSED_ON_PATCHED = frozenset({"failed", "error", "not-run", "skipped", "hub-skip", "missing"})
 """Patched outcomes that, after ``passed`` on stock, are a regression."""
 
@@ -174,22 +184,24 @@ def reaches(
     module: str,
     tree: Path,
     cache: dict[str, dict[str, str]] | None = None,
-) -> bool:
-    """Whether one of ``imports`` names ``module`` directly or through a package re-export."""
+) -> str | None:
+    """How ``imports`` reach ``module``: ``"direct"``, ``"reexport"`` (a package ``__init__``
+    re-exports the imported name from it), or None."""
     cache = {} if cache is None else cache
+    via = None
     for mod, name in imports:
         if mod == module or mod.startswith(module + "."):
-            return True
+            return "direct"
         if name is None:
             continue
         if f"{mod}.{name}" == module:
-            return True
+            return "direct"
         if module.startswith(mod + "."):
             if mod not in cache:
                 cache[mod] = reexports(tree, mod)
             if cache[mod].get(name) == module:
-                return True
-    return False
+                via = "reexport"
+    return via
 
 
 def mirror_dir(path: str) -> str:
@@ -222,6 +234,7 @@ class Selection:
 
     files: dict[str, list[str]] = field(default_factory=dict)
     modules: list[str] = field(default_factory=list)
+    bounds: dict[str, str] = field(default_factory=dict)
 
     def add(self, rel: str, reason: str) -> None:
         reasons = self.files.setdefault(rel, [])
@@ -229,7 +242,7 @@ class Selection:
             reasons.append(reason)
 
 
-def select(touched: Touched, tree: Path) -> Selection:
+def select(touched: Touched, tree: Path, hub_limit: int = HUB_REEXPORT_LIMIT) -> Selection:
     """The base test files for ``touched`` (see the module docstring for the rules)."""
     existing = {p for p in touched.paths if (tree / p).is_file()}
     tests = base_test_files(tree)
@@ -259,8 +272,16 @@ def select(touched: Touched, tree: Path) -> Selection:
         while ancestor != "tests" and not (tree / ancestor).is_dir():
             ancestor = ancestor.rsplit("/", 1)[0]
         name_re = re.compile(rf"test_{re.escape(stem)}(_[^/]*)?\.py$")
+        reach = {rel: reaches(imports[rel], module, tree, exports) for rel in tests}
+        via_reexport = [rel for rel, how in reach.items() if how == "reexport"]
+        use_reexport = len(via_reexport) <= hub_limit
+        if not use_reexport:
+            sel.bounds[path] = (
+                f"a hub: {len(via_reexport)} test files reach it only through a package "
+                f"re-export (over {hub_limit}); those are not selected for it"
+            )
         for rel in tests:
-            if reaches(imports[rel], module, tree, exports):
+            if reach[rel] == "direct" or (reach[rel] == "reexport" and use_reexport):
                 sel.add(rel, f"imports:{path}")
             if rel.startswith(ancestor + "/") and name_re.match(rel.rsplit("/", 1)[-1]):
                 sel.add(rel, f"name:{path}")
@@ -395,7 +416,7 @@ def compare(stock: Mapping[str, Outcome], patched: Mapping[str, Outcome]) -> Com
     for tid in sorted(stock):
         s = stock[tid]
         p = patched.get(tid) or patched.get(file_of(tid)) or Outcome("missing", "not recorded")
-        if s.outcome == p.outcome:
+        if s.outcome == p.outcome or (p.reason == NOT_RUN_REASON and s.outcome != "passed"):
             continue
         row = {"id": tid, "stock": s.outcome, "patched": p.outcome, "reason": p.reason}
         if s.outcome == "passed" and p.outcome in NOT_PASSED_ON_PATCHED:
@@ -501,6 +522,7 @@ def run_side(
     timeout_s: int = TEST_TIMEOUT_S,
     limit_s: float = RUN_LIMIT_S,
     max_restarts: int = MAX_RESTARTS,
+    only: Sequence[str] | None = None,
 ) -> SideRun:
     """Run ``targets`` (files or ids) with ``python -m pytest`` in ``run_root``; fold outcomes.
 
@@ -514,13 +536,17 @@ def run_side(
     records_path = work / f"{label}.jsonl"
     done_path = work / f"{label}.done"
     log = work / f"{label}.log"
-    for path in (records_path, done_path, log):
+    only_path = work / f"{label}.only"
+    for path in (records_path, done_path, log, only_path):
         path.unlink(missing_ok=True)
     full_env = {
         **env,
         "DCP_UPSTREAM_OUTCOMES": str(records_path),
         "DCP_UPSTREAM_DONE": str(done_path),
     }
+    if only is not None:
+        only_path.write_text("".join(f"{tid}\n" for tid in only))
+        full_env["DCP_UPSTREAM_ONLY"] = str(only_path)
     start = time.monotonic()
     restarts = 0
     complete = False
@@ -541,9 +567,14 @@ def run_side(
             start_new_session=True,
         )
         timer = _kill_after(proc, remaining)
-        tail = stream(proc, log)
-        rc = proc.wait()
-        timer.cancel()
+        try:
+            tail = stream(proc, log)
+            rc = proc.wait()
+        except BaseException:
+            os.killpg(proc.pid, 9)  # the runner was interrupted: leave no pytest behind
+            raise
+        finally:
+            timer.cancel()
         records = read_records(records_path)
         if any(r.get("event") == "finished" for r in records[-1:]):
             complete = True
@@ -791,14 +822,19 @@ def run_selection(
     work: Path,
     timeout_s: int,
     limit_s: float,
+    only: Sequence[str] | None = None,
 ) -> tuple[SideRun, dict[str, object]]:
     deps = install_test_deps(python, work / f"deps-{label}")
     hub_env, hub = hub_setup(python, work)
     run_root = scratch_tests(tree, work / label)
     env = side_env([*pythonpath, str(deps)], hub_env)
     targets = selection_targets(sel)
+    if only is not None:
+        wanted = {file_of(tid) for tid in only}
+        targets = [t for t in targets if t in wanted]
     deselect = [f"--deselect={tid}" for tid in DESELECTED if "::" in tid]
-    print(f"upstream tests [{label}]: {len(targets)} file(s), per-test timeout {timeout_s} s")
+    what = f"{len(targets)} file(s)" + (f", {len(only)} test id(s)" if only is not None else "")
+    print(f"upstream tests [{label}]: {what}, per-test timeout {timeout_s} s")
     run = run_side(
         python,
         run_root,
@@ -808,6 +844,7 @@ def run_selection(
         label=label,
         timeout_s=timeout_s,
         limit_s=limit_s,
+        only=only,
     )
     return run, hub
 
@@ -872,6 +909,7 @@ def make_baseline(
         "hub": hub,
         "touched": {"source": touched.source, "digest": touched.digest(), "paths": touched.paths},
         "selection": sel.files,
+        "selection_bounds": sel.bounds,
         "files": {
             f: {"counts": c, "seconds": run.file_seconds.get(f, 0.0)}
             for f, c in counts_by_file(run.outcomes).items()
@@ -890,6 +928,7 @@ def settings(timeout_s: int) -> dict[str, object]:
     """What besides the tests decides an outcome; a baseline is only valid with the same."""
     return {
         "test_timeout_s": timeout_s,
+        "hub_reexport_limit": HUB_REEXPORT_LIMIT,
         "deselected": dict(sorted(DESELECTED.items())),
         "test_deps": list(UPSTREAM_TEST_DEPS),
     }
@@ -959,6 +998,7 @@ def check(
     timeout_s: int = TEST_TIMEOUT_S,
     limit_s: float = RUN_LIMIT_S,
     report: Path | None = None,
+    run_all: bool = False,
 ) -> int:
     """Run the selection on the patched side, compare with the baseline, write the report."""
     from patchset.export import installed_package_dir, overlay_package
@@ -976,6 +1016,8 @@ def check(
         root = overlay_package(installed, otree, changed, work / "overlay")
         pythonpath.append(str(root))
         print(f"upstream tests: overlay of {len(changed)} file(s) from {otree} on {installed}")
+    stock = {tid: Outcome.from_json(v) for tid, v in base["outcomes"].items()}
+    only = None if run_all else sorted(t for t, o in stock.items() if o.outcome == "passed")
     run, hub = run_selection(
         python,
         tree,
@@ -985,8 +1027,12 @@ def check(
         work=work,
         timeout_s=timeout_s,
         limit_s=limit_s,
+        only=only,
     )
-    stock = {tid: Outcome.from_json(v) for tid, v in base["outcomes"].items()}
+    if only is not None:
+        for tid, o in stock.items():
+            if o.outcome != "passed" and tid not in run.outcomes:
+                run.outcomes[tid] = Outcome("not-run", NOT_RUN_REASON)
     cmp = compare(stock, run.outcomes)
     flaky: list[dict[str, str]] = []
     if cmp.regressions:
@@ -1032,8 +1078,10 @@ def check(
             "seconds": run.seconds,
             "restarts": run.restarts,
             "complete": run.complete,
+            "ran": "every selected test" if run_all else "the ids that passed on stock",
         },
         "selection": sel.files,
+        "selection_bounds": sel.bounds,
         "files": per_file_report(base, run),
         "totals": {"stock": base["totals"], "patched": totals(run.outcomes)},
         **cmp.to_json(),
@@ -1149,7 +1197,14 @@ def _default_tree(offline: bool = False) -> Path:
     return pristine_tree("vllm", root=REPO, offline=offline)
 
 
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminate)
     sys.path.insert(0, str(REPO / "tools"))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1180,6 +1235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--overlay-tree", type=Path, help="a patched git tree laid over --python")
     p.add_argument("--overlay-ref", default="base", help="what --overlay-tree is compared to")
     p.add_argument("--report", type=Path, help="where the report goes (default: results/)")
+    p.add_argument("--all", action="store_true", help="run every id, not only stock passes")
     p = sub.add_parser("lock-like", help="a lock-like touched list from git trees and locks")
     p.add_argument("--git", type=Path, action="append", default=[], help="a patched git tree")
     p.add_argument("--ref", default="base")
@@ -1201,6 +1257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{len(sel.files)} file(s) for {len(touched.paths)} touched path(s) on {tree}")
             for f, reasons in sel.files.items():
                 print(f"{f}\t{' '.join(reasons)}")
+            for path, why in sel.bounds.items():
+                print(f"bound: {path}: {why}")
             return 0
         work = args.work.resolve()
         if work.exists():
@@ -1262,6 +1320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             timeout_s=args.timeout,
             limit_s=args.limit,
             report=args.report.resolve() if args.report else None,
+            run_all=args.all,
         )
     except UpstreamError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -10,7 +10,9 @@ that dies still leaves everything up to the test that killed it:
     {"event": "finished", "exitstatus": N}                   the session ended
 
 ``DCP_UPSTREAM_DONE`` may name a file of test ids (one a line) to deselect: those already
-recorded by an earlier, interrupted process of the same run.
+recorded by an earlier, interrupted process of the same run. ``DCP_UPSTREAM_ONLY`` may name a
+file of test ids to keep: every other collected test is deselected (the patched side runs only
+what passed on stock, the only tests that can regress).
 """
 
 from __future__ import annotations
@@ -53,14 +55,21 @@ def _reason(report) -> str:
     return text[-1].strip() if text else ""
 
 
+def _ids(variable: str) -> set[str] | None:
+    path = os.environ.get(variable)
+    if not path or not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as fh:
+        return {line.rstrip("\n") for line in fh if line.strip()}
+
+
 def pytest_collection_modifyitems(config, items):
-    done_file = os.environ.get("DCP_UPSTREAM_DONE")
-    if not done_file or not os.path.exists(done_file):
-        return
-    with open(done_file, encoding="utf-8") as fh:
-        done = {line.rstrip("\n") for line in fh if line.strip()}
-    keep = [item for item in items if item.nodeid not in done]
-    dropped = [item for item in items if item.nodeid in done]
+    done = _ids("DCP_UPSTREAM_DONE") or set()
+    only = _ids("DCP_UPSTREAM_ONLY")
+    keep, dropped = [], []
+    for item in items:
+        wanted = item.nodeid not in done and (only is None or item.nodeid in only)
+        (keep if wanted else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
