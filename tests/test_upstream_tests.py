@@ -263,18 +263,27 @@ def test_compare_of_identical_sides_is_empty() -> None:
     }
 
 
-def test_cpu_cannot_run_groups_non_hub_skips_by_reason() -> None:
+def test_cpu_cannot_run_groups_skips_and_gpu_failures_by_reason() -> None:
+    """Non-hub skips and GPU-only failures are what CPU cannot run; other stock failures and
+    hub skips are not."""
     stock = {
         "a.py::x": Outcome("skipped", "CUDA required"),
         "a.py::y": Outcome("skipped", "CUDA required"),
         "b.py": Outcome("skipped", "needs ROCm"),
         "c.py::z": Outcome("hub-skip", "needs huggingface.co"),
         "c.py::w": Outcome("passed"),
+        "d.py::g": Outcome("failed", "RuntimeError: Found no NVIDIA driver on your system."),
+        "d.py::h": Outcome("failed", "ModuleNotFoundError: No module named 'ray'"),
     }
     assert ut.cpu_cannot_run(stock) == {
-        "CUDA required": ["a.py::x", "a.py::y"],
-        "needs ROCm": ["b.py"],
+        "CUDA required": {"outcome": "skipped", "ids": ["a.py::x", "a.py::y"]},
+        "RuntimeError: Found no NVIDIA driver on your system.": {
+            "outcome": "failed",
+            "ids": ["d.py::g"],
+        },
+        "needs ROCm": {"outcome": "skipped", "ids": ["b.py"]},
     }
+    assert ut.stock_failures(stock) == {"ModuleNotFoundError: No module named 'ray'": ["d.py::h"]}
 
 
 def baseline_for(touched: ut.Touched, sel: ut.Selection, path: Path, **over: object) -> Path:
