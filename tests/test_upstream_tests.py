@@ -167,6 +167,43 @@ def test_select_of_only_added_files_is_empty(tree: Path, tmp_path: Path) -> None
     assert sel.files == {} and sel.modules == []
 
 
+def test_selection_targets_run_the_strongest_rule_first() -> None:
+    sel = ut.Selection(
+        files={
+            "tests/a.py": ["imports:vllm/x.py"],
+            "tests/b.py": ["dir:vllm/x.py", "imports:vllm/x.py"],
+            "tests/c.py": ["name:vllm/x.py"],
+            "tests/d.py": ["edited:tests/d.py"],
+            "tests/e.py": ["dir:vllm/y.py"],
+        }
+    )
+    assert ut.selection_targets(sel) == [
+        "tests/d.py",
+        "tests/c.py",
+        "tests/b.py",
+        "tests/e.py",
+        "tests/a.py",
+    ]
+
+
+def test_covered_files_drop_the_file_in_progress_at_the_budget() -> None:
+    """At the budget: files that ran or failed to collect are covered, the one in progress and
+    the ones never reached are not; a complete run covers all; a dead run is refused."""
+    targets = ["t/a.py", "t/b.py", "t/c.py", "t/d.py"]
+    outcomes = {
+        "t/a.py::x": Outcome("passed"),
+        "t/b.py::y": Outcome("passed"),
+        "t/d.py": Outcome("error"),
+    }
+    run = ut.SideRun(outcomes, 1.0, 0, False, {}, killed=True, started=["t/a.py", "t/b.py"])
+    assert ut.covered_files(targets, run) == ["t/a.py", "t/d.py"]
+    done = ut.SideRun(outcomes, 1.0, 0, True, {}, started=["t/a.py", "t/b.py"])
+    assert ut.covered_files(targets, done) == targets
+    dead = ut.SideRun(outcomes, 1.0, 0, False, {}, started=["t/a.py"])
+    with pytest.raises(ut.UpstreamError):
+        ut.covered_files(targets, dead)
+
+
 def rep(tid: str, when: str, outcome: str, reason: str = "") -> dict[str, object]:
     return {"event": "report", "id": tid, "when": when, "outcome": outcome, "reason": reason}
 
