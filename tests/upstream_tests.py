@@ -1215,7 +1215,8 @@ def per_file_report(base: Mapping[str, object], run: SideRun) -> dict[str, objec
 
 def print_summary(data: Mapping[str, object], out: Path) -> None:
     files = data["files"]
-    differ = [f for f, v in files.items() if v["stock"] != v["patched"]]
+    rows = [*data["regressions"], *data["flaky"], *data["fixed"], *data["changed"]]
+    differ = sorted({file_of(row["id"]) for row in rows})
     print(f"upstream tests: {len(files)} file(s); stock {data['totals']['stock']}")
     print(f"upstream tests: patched {data['totals']['patched']}")
     for f in differ:
