@@ -5,6 +5,8 @@
 #   make test                  lock check, tool tests, a fresh test venv with the overlay wheel
 #                              installed (pip), the proofs and the vLLM-tree tests against it
 #   make apply|verify VLLM=<path>   apply / verify the series on another vLLM tree
+#   make upstream-tests        the base's own tests of the touched modules vs the stock baseline
+#                              (also in make test); make upstream-baseline regenerates it
 #   make proofs | lint | bench-tool | setup | clean
 
 PYTHON ?= python3
@@ -74,12 +76,37 @@ tree-tests: wheel
 	$(TESTENV_CMD) --reuse
 	$(RUN_TREE_TESTS)
 
+# vLLM's own tests of every module the series touches (tests/upstream_tests.py,
+# design/upstream-tests.md): the pinned base's test files, unedited, against the overlay wheel,
+# compared per test id with the committed stock baseline results/upstream-baseline-<version>.json;
+# a stock pass that does not pass on patched fails. `make upstream-baseline` regenerates the
+# baseline (new pin or touched set) in STOCKENV, a venv with the OFFICIAL pinned wheel, or with
+# STOCK_PYTHON=<python that has it>.
+STOCKENV ?= build/stockenv
+STOCK_PYTHON ?=
+# The baseline's time budget (s): files run strongest rule first; those not finished in time are
+# recorded as over the budget and not run on patched either (bounds CI's time).
+UPSTREAM_BUDGET ?= 2400
+RUN_UPSTREAM = $(PY) tests/upstream_tests.py check --venv $(TESTENV)
+
+upstream-tests: wheel
+	$(TESTENV_CMD) --reuse
+	$(RUN_UPSTREAM)
+
+upstream-baseline: fetch
+	$(PY) tests/upstream_tests.py baseline --limit $(UPSTREAM_BUDGET) \
+	  $(if $(STOCK_PYTHON),--python $(STOCK_PYTHON),--stock-venv $(STOCKENV))
+
+.PHONY: upstream-tests upstream-baseline
+
 # All suites run even if one fails; PATCHSET_E2E=require turns any end-to-end skip into a failure.
 test: lock-check testenv
 	@rc=0; \
 	echo "== tool tests (tests/)"; PATCHSET_E2E=require $(RUN_TOOL_TESTS) || rc=1; \
 	echo "== proofs (proofs/) with $(TESTPY)"; $(RUN_PROOFS) || rc=1; \
 	echo "== vLLM-tree tests against the installed overlay wheel"; $(RUN_TREE_TESTS) || rc=1; \
+	echo "== upstream vLLM tests of the touched modules: overlay wheel vs the stock baseline"; \
+	$(RUN_UPSTREAM) || rc=1; \
 	if [ $$rc -ne 0 ]; then echo "make test: FAILED (see above)"; else echo "make test: all passed"; fi; \
 	exit $$rc
 
