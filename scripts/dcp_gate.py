@@ -12,7 +12,7 @@ rank, at most --max-ranks processes at once)::
 
     python scripts/dcp_gate.py suite --suite needle-eager --work /tmp/gate --out results
     python scripts/dcp_gate.py suite --suite needle-graphs --work /tmp/gate --out results
-    python scripts/dcp_gate.py suite --suite patched --backend TRITON_MLA_SPARSE ...
+    python scripts/dcp_gate.py suite --suite patched --backend TRITON_MLA_SPARSE_FP8_DS_MLA ...
     python scripts/dcp_gate.py run --name x --model DIR --tp 4 --dcp 2 --passes clean,fault
     python scripts/dcp_gate.py report --work /tmp/gate --suite needle-eager --out results
 

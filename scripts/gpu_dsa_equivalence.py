@@ -25,10 +25,10 @@ The runs issue 3 asks for (on the GPU machine, patched tree: ``VARIANT=patched s
 .gpu/device-env.sh``; ``$OUT`` comes back; S=scripts/gpu_dsa_equivalence.py). Backends are forced
 where the comparison is about one backend; with the whole series the selector picks, under DCP
 on SM90, FLASH_ATTN_MLA_SPARSE for the default (bf16) cache and FLASHMLA_SPARSE for fp8_ds_mla
-(TRITON_MLA_SPARSE is the SM12x choice)::
+(TRITON_MLA_SPARSE_FP8_DS_MLA is the SM12x choice)::
 
     # one H200: the new backend forced at DCP=1 against the native kernels
-    python $S run --name dsa-tp1-triton-fp8 --attention-backend TRITON_MLA_SPARSE \\
+    python $S run --name dsa-tp1-triton-fp8 --attention-backend TRITON_MLA_SPARSE_FP8_DS_MLA \\
         --kv-cache-dtype fp8_ds_mla
     python $S run --name dsa-tp1-flashmla-fp8 --attention-backend FLASHMLA_SPARSE \\
         --kv-cache-dtype fp8_ds_mla
@@ -41,9 +41,9 @@ on SM90, FLASH_ATTN_MLA_SPARSE for the default (bf16) cache and FLASHMLA_SPARSE 
 
     # two H200: TP=2 DCP=2 against TP=2 DCP=1, per backend, same cache dtype
     python $S run --name dsa-tp2-dcp1-triton-fp8 --tp 2 \\
-        --attention-backend TRITON_MLA_SPARSE --kv-cache-dtype fp8_ds_mla
+        --attention-backend TRITON_MLA_SPARSE_FP8_DS_MLA --kv-cache-dtype fp8_ds_mla
     python $S run --name dsa-tp2-dcp2-triton-fp8 --tp 2 --dcp 2 \\
-        --attention-backend TRITON_MLA_SPARSE --kv-cache-dtype fp8_ds_mla
+        --attention-backend TRITON_MLA_SPARSE_FP8_DS_MLA --kv-cache-dtype fp8_ds_mla
     python $S compare --name dsa-eq-tp2-dcp2-vs-dcp1-triton \\
         $OUT/dsa-tp2-dcp2-triton-fp8.json $OUT/dsa-tp2-dcp1-triton-fp8.json
     # the same pairs for FLASHMLA_SPARSE (--kv-cache-dtype fp8_ds_mla, patch 0007) and
@@ -427,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--model", type=Path, default=None, help="default: .gpu/tiny_dsa")
     run.add_argument("--tp", type=int, default=1)
     run.add_argument("--dcp", type=int, default=1)
-    run.add_argument("--attention-backend", default=None, help="e.g. TRITON_MLA_SPARSE")
+    run.add_argument("--attention-backend", default=None, help="e.g. TRITON_MLA_SPARSE_FP8_DS_MLA")
     run.add_argument("--kv-cache-dtype", default=None, help="e.g. fp8_ds_mla, auto")
     run.add_argument("--mtp", type=int, default=0, help="MTP speculative tokens (0 = off)")
     run.add_argument("--lens", default=DEFAULT_LENS, help="comma-separated prompt lengths")

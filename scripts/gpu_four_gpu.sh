@@ -24,7 +24,7 @@ for stage in "$@"; do
     eq)
       for dcp in 4 1; do
         python3 $S run --out-dir "$RES" --name dsa-tp4-dcp$dcp-fp8 --tp 4 --dcp $dcp \
-          --kv-cache-dtype fp8_ds_mla --attention-backend TRITON_MLA_SPARSE \
+          --kv-cache-dtype fp8_ds_mla --attention-backend TRITON_MLA_SPARSE_FP8_DS_MLA \
           --lens 1024,8192,32768 --max-model-len 40960 > "$RES/eq-dcp$dcp.log" 2>&1
         tail -3 "$RES/eq-dcp$dcp.log"
       done

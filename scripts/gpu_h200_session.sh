@@ -24,15 +24,15 @@ for stage in "$@"; do
   echo "=== $stage $(date -u +%T)"; touch "$RES/.stamp-$stage"
   case "$stage" in
     topk)
-      python3 scripts/gpu_dcp_topk_check.py --vllm-tree "$DCP_VLLM_TREE" --out "$RES/dcp-topk-h200.json" ;;
+      python3 scripts/bench_dcp_topk.py --vllm-tree "$DCP_VLLM_TREE" --out "$RES/dcp-topk-merge-h200.json" ;;
     tree-tests)
       # the series' GPU-only vLLM-tree tests, against the patched install
       (cd .gpu-overlay && timeout 300 python3 -m pytest -q -x --noconftest -p no:cacheprovider \
-        --import-mode=importlib tests/v1/attention/test_triton_mla_sparse.py \
-        tests/kernels/attention/test_triton_sparse_mla.py tests/v1/attention/test_dcp_topk_merge.py \
-        tests/v1/attention/test_sparse_mla_dcp.py 2>&1 | tail -25) | tee "$RES/tree-tests-h200.log" ;;
+        --import-mode=importlib tests/v1/attention/test_triton_mla_sparse_fp8_ds_mla.py \
+        tests/kernels/attention/test_triton_sparse_mla.py tests/v1/attention/test_dcp_topk_merge_backends.py \
+        tests/v1/attention/test_flashattn_mla_sparse_dcp.py tests/v1/attention/test_flashmla_sparse_dcp_heads.py tests/v1/attention/test_dcp_packed_ckv.py 2>&1 | tail -25) | tee "$RES/tree-tests-h200.log" ;;
     eq-triton)
-      python3 $S run --out-dir "$RES" --name dsa-tp1-triton-fp8 --attention-backend TRITON_MLA_SPARSE \
+      python3 $S run --out-dir "$RES" --name dsa-tp1-triton-fp8 --attention-backend TRITON_MLA_SPARSE_FP8_DS_MLA \
         --kv-cache-dtype fp8_ds_mla --lens 1024,8192,16384 > "$RES/eq-triton.log" 2>&1
       tail -5 "$RES/eq-triton.log" ;;
     eq-flashmla)
