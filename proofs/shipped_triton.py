@@ -17,6 +17,7 @@ import os
 import sys
 import types
 from collections.abc import Mapping
+from pathlib import Path
 from types import ModuleType
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -32,6 +33,44 @@ def _package(name: str) -> ModuleType:
     return module
 
 
+def _shipped_file(relpath: str) -> Path:
+    """The patched tree's ``relpath``; fails unless Triton is interpreted and the file exists."""
+    import pytest
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.fail("shipped Triton kernels run on CPU only with TRITON_INTERPRET=1")
+    path = patched_tree() / relpath
+    if not path.is_file():
+        pytest.fail(f"{path} not found: run `make apply` (or set DCP_VLLM_TREE) first")
+    return path
+
+
+def _triton_utils_stand_in(**extra: object) -> ModuleType:
+    """``vllm.triton_utils`` resolved to the real (interpreted) Triton."""
+    module = types.ModuleType("vllm.triton_utils")
+    module.triton = triton
+    module.tl = tl
+    for key, value in extra.items():
+        setattr(module, key, value)
+    return module
+
+
+def _exec_registered(name: str, path: Path) -> ModuleType:
+    """Execute ``path`` as module ``name``, registered before the body runs (as importlib
+    does, so that dataclasses and other code that looks its own module up in sys.modules
+    work) and unregistered again if the body raises."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
 def load_shipped_triton(
     relpath: str, stand_ins: Mapping[str, Mapping[str, object]] | None = None
 ) -> ModuleType:
@@ -40,21 +79,12 @@ def load_shipped_triton(
     ``stand_ins`` maps further ``vllm.*`` module names the file imports to the attributes they
     must provide (e.g. a type used only in annotations). Fails when the file is missing.
     """
-    import pytest
-
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.fail("shipped Triton kernels run on CPU only with TRITON_INTERPRET=1")
-    path = patched_tree() / relpath
-    if not path.is_file():
-        pytest.fail(f"{path} not found: run `make apply` (or set DCP_VLLM_TREE) first")
+    path = _shipped_file(relpath)
     name = "dcp_shipped_" + relpath.removesuffix(".py").replace("/", "_")
     if name in sys.modules:
         return sys.modules[name]
 
-    triton_utils = types.ModuleType("vllm.triton_utils")
-    triton_utils.triton = triton
-    triton_utils.tl = tl
-    shims: dict[str, ModuleType] = {"vllm.triton_utils": triton_utils}
+    shims: dict[str, ModuleType] = {"vllm.triton_utils": _triton_utils_stand_in()}
     for mod_name, attrs in (stand_ins or {}).items():
         module = types.ModuleType(mod_name)
         for key, value in attrs.items():
@@ -69,24 +99,13 @@ def load_shipped_triton(
     saved = {key: sys.modules.get(key) for key in shims}
     try:
         sys.modules.update(shims)
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        # Registered before the body runs, as importlib does, so that dataclasses and other
-        # code that looks its own module up in sys.modules work.
-        sys.modules[name] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            sys.modules.pop(name, None)
-            raise
+        return _exec_registered(name, path)
     finally:
         for key, value in saved.items():
             if value is None:
                 sys.modules.pop(key, None)
             else:
                 sys.modules[key] = value
-    return module
 
 
 def load_shipped_triton_with_vllm(relpath: str) -> ModuleType:
@@ -100,11 +119,7 @@ def load_shipped_triton_with_vllm(relpath: str) -> ModuleType:
     """
     import pytest
 
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.fail("shipped Triton kernels run on CPU only with TRITON_INTERPRET=1")
-    path = patched_tree() / relpath
-    if not path.is_file():
-        pytest.fail(f"{path} not found: run `make apply` (or set DCP_VLLM_TREE) first")
+    path = _shipped_file(relpath)
     name = "dcp_shipped_vllm_" + relpath.removesuffix(".py").replace("/", "_")
     if name in sys.modules:
         return sys.modules[name]
@@ -113,24 +128,13 @@ def load_shipped_triton_with_vllm(relpath: str) -> ModuleType:
     except ImportError as e:  # pragma: no cover - depends on the environment
         pytest.fail(f"{relpath} needs an installed vLLM: {e}")
 
-    triton_utils = types.ModuleType("vllm.triton_utils")
-    triton_utils.triton = triton
-    triton_utils.tl = tl
-    triton_utils.HAS_TRITON = True
+    triton_utils = _triton_utils_stand_in(HAS_TRITON=True)
     saved_module = sys.modules.get("vllm.triton_utils")
     saved_attr = getattr(vllm, "triton_utils", None)
     try:
         sys.modules["vllm.triton_utils"] = triton_utils
         vllm.triton_utils = triton_utils
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            sys.modules.pop(name, None)
-            raise
+        return _exec_registered(name, path)
     finally:
         if saved_module is None:
             sys.modules.pop("vllm.triton_utils", None)
@@ -140,4 +144,3 @@ def load_shipped_triton_with_vllm(relpath: str) -> ModuleType:
             vars(vllm).pop("triton_utils", None)
         else:
             vllm.triton_utils = saved_attr
-    return module
