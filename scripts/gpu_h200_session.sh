@@ -3,7 +3,7 @@
 # the repository root after the staged vLLM is installed (../shared/gpu recipe) and .gpu-overlay
 # (the applied series, from .gpu/overlay-build.sh) is carried:
 #     bash scripts/gpu_h200_session.sh STAGE...
-# Stages: topk | tree-tests | eq-triton | eq-flashmla | mtp-exact | mtp-tps | mtp-survey
+# Stages: topk | topk-order | tree-tests | eq-triton | eq-flashmla | mtp-exact | mtp-tps | mtp-survey
 # Results are kept in $RES (survives between calls on a warm machine; $OUT is emptied per call)
 # and each stage copies what it wrote to $OUT (copied into results/ afterwards).
 set -uo pipefail
@@ -26,11 +26,17 @@ for stage in "$@"; do
     topk)
       python3 scripts/bench_dcp_topk.py --vllm-tree "$DCP_VLLM_TREE" --out "$RES/dcp-topk-merge-h200.json" ;;
     tree-tests)
-      # the series' GPU-only vLLM-tree tests, against the patched install
-      (cd .gpu-overlay && timeout 300 python3 -m pytest -q -x --noconftest -p no:cacheprovider \
-        --import-mode=importlib tests/v1/attention/test_triton_mla_sparse_fp8_ds_mla.py \
-        tests/kernels/attention/test_triton_sparse_mla.py tests/v1/attention/test_dcp_topk_merge_backends.py \
-        tests/v1/attention/test_flashattn_mla_sparse_dcp.py tests/v1/attention/test_flashmla_sparse_dcp_heads.py tests/v1/attention/test_dcp_packed_ckv.py 2>&1 | tail -25) | tee "$RES/tree-tests-h200.log" ;;
+      # the series' vLLM-tree tests (the GPU-only ones are skipped on CPU) against the patched
+      # install, from the carried bundle .gpu-tests (scripts/tree_tests_bundle.py)
+      # (vLLM's conftest first; if it cannot be imported there (exit 4), without it)
+      (cd .gpu-tests && { timeout "${STAGE_TIMEOUT:-420}" python3 -m pytest -q -rfEs -p no:cacheprovider \
+        $(cat SERIES_TESTS); rc=$?; [ $rc -eq 4 ] && timeout "${STAGE_TIMEOUT:-420}" python3 -m pytest -q \
+        -rfEs --noconftest -p no:cacheprovider $(cat SERIES_TESTS); } 2>&1 | tail -60) > "$RES/tree-tests-h200.log" 2>&1
+      tail -5 "$RES/tree-tests-h200.log" ;;
+    topk-order)
+      # is the indexer top-k repeatable, does its order matter (scripts/repro_topk_order.py)
+      timeout "${STAGE_TIMEOUT:-120}" python3 scripts/repro_topk_order.py --out "$RES/topk-order-h200.json" \
+        > "$RES/topk-order.log" 2>&1; tail -14 "$RES/topk-order.log" | cut -c1-300 ;;
     eq-triton)
       python3 $S run --out-dir "$RES" --name dsa-tp1-triton-fp8 --attention-backend TRITON_MLA_SPARSE_FP8_DS_MLA \
         --kv-cache-dtype fp8_ds_mla --lens 1024,8192,16384 > "$RES/eq-triton.log" 2>&1

@@ -1,0 +1,106 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Copy the series' vLLM-tree tests, and the test modules they import, out of a patched tree.
+
+The GPU machine receives at most 64 MiB per call and no vLLM source tree, so the series'
+GPU-only tests (the ones the CPU runs skip) travel as a small bundle: every ``tests/`` file
+some patch of the series adds or edits, plus the closure of the ``tests.*`` modules and
+package ``__init__`` files they import (vLLM's tests import helpers such as
+``tests.v1.attention.utils``), with vLLM's ``tests/conftest.py`` and ``pyproject.toml`` (its
+fixtures and pytest markers). Run pytest from the bundle's root with ``python -m pytest`` so
+that ``tests`` is importable and the installed (patched) vllm is the one under test.
+
+    python scripts/tree_tests_bundle.py build/vllm .gpu-tests
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import shutil
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def series_test_files(patch_dir: Path) -> list[str]:
+    """Every tests/ path that a patch of the series writes (``+++ b/tests/...``)."""
+    found = set()
+    for patch in sorted(patch_dir.glob("*.patch")):
+        for line in patch.read_text(encoding="utf-8", errors="replace").splitlines():
+            m = re.match(r"^\+\+\+ b/(tests/\S+)", line)
+            if m:
+                found.add(m.group(1))
+    return sorted(found)
+
+
+def _imported_test_modules(source: str, path: str) -> set[str]:
+    """Dotted names a test file imports that may be ``tests.*`` modules (relative ones
+    resolved against the file's package); a name may be a module or an attribute."""
+    out: set[str] = set()
+    package = str(Path(path).parent).replace("/", ".")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            if not module.startswith("tests"):
+                continue
+            out.add(module)
+            out.update(f"{module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("tests"))
+    return out
+
+
+def closure(tree: Path, seeds: list[str]) -> list[str]:
+    """The seed files present in ``tree``, the tests modules they import (transitively)
+    and every package ``__init__.py`` above them."""
+    todo = list(seeds)
+    seen: set[str] = set()
+    while todo:
+        rel = todo.pop()
+        if rel in seen or not (tree / rel).is_file():
+            continue
+        seen.add(rel)
+        if rel.endswith(".py"):
+            for name in _imported_test_modules((tree / rel).read_text(encoding="utf-8"), rel):
+                stem = name.replace(".", "/")
+                todo += [f"{stem}.py", f"{stem}/__init__.py"]
+        parent = Path(rel).parent
+        while str(parent) not in (".", ""):
+            todo.append(f"{parent}/__init__.py")
+            parent = parent.parent
+    return sorted(seen)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("tree", type=Path, help="the patched vLLM source tree")
+    p.add_argument("dest", type=Path, help="bundle root (replaced)")
+    p.add_argument("--patches", type=Path, default=REPO / "patches" / "vllm")
+    args = p.parse_args(argv)
+    seeds = series_test_files(args.patches)
+    missing = [s for s in seeds if not (args.tree / s).is_file()]
+    if missing:
+        print(f"error: {args.tree} lacks {missing}: is the series applied?", file=sys.stderr)
+        return 1
+    # vLLM's tests/conftest.py (fixtures such as default_vllm_config) and its pytest settings
+    files = closure(args.tree, [*seeds, "tests/conftest.py"]) + ["pyproject.toml"]
+    if args.dest.exists():
+        shutil.rmtree(args.dest)
+    for rel in files:
+        (args.dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(args.tree / rel, args.dest / rel)
+    tests = [s for s in seeds if Path(s).name.startswith("test_")]
+    (args.dest / "SERIES_TESTS").write_text("\n".join(tests) + "\n")
+    print(f"{len(files)} files ({len(tests)} test files of the series) -> {args.dest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
