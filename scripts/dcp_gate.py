@@ -511,6 +511,7 @@ def make_checkpoints(suite: dict[str, Any], work: Path) -> dict[str, str]:
 
 
 def cmd_suite(args: argparse.Namespace) -> int:
+    t_start = time.time()  # --deadline-s counts from here: checkpoints included
     suite = resolve_suite(args)
     work = Path(args.work)
     ckpts = make_checkpoints(suite, work)
@@ -528,7 +529,11 @@ def cmd_suite(args: argparse.Namespace) -> int:
         if made and "needle" not in r:  # a needle checkpoint: its prompts carry the needle
             r = {**r, "needle": int(made["needle_id"])}
         configs.append(plan.GateConfig.from_json({**r, "model": model}))
-    run_many(configs, work, args.max_ranks, args.deadline_s, args.port)
+    # the resolved suite, for ``wait --dest`` (partial reports from whatever has finished)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "suite.json").write_text(json.dumps(suite) + "\n")
+    left = args.deadline_s - (time.time() - t_start)
+    run_many(configs, work, args.max_ranks, left, args.port)
     report(suite, work, Path(args.out))
     return 0
 
@@ -574,8 +579,16 @@ def cmd_start(args: argparse.Namespace) -> int:
     out = work / "results"
     if args.out != str(REPO / "results"):
         print(f"note: start writes the gate files to {out}; collect --dest copies them", flush=True)
+    # the deadline is absolute: a resumed suite (start again after a kill) keeps the first
+    # start's end unless --rerun; it never moves later
+    end_file = work / "deadline_epoch"
+    end = time.time() + args.deadline_s
+    if end_file.is_file() and not args.rerun:
+        end = min(end, float(end_file.read_text()))
+    end_file.write_text(f"{end}\n")
+    left = max(end - time.time(), 0.0)
     argv = [sys.executable, str(HERE / "dcp_gate.py"), "suite", "--work", str(work)]
-    argv += ["--out", str(out), "--deadline-s", str(args.deadline_s)]
+    argv += ["--out", str(out), "--deadline-s", f"{left:.0f}"]
     argv += ["--max-ranks", str(args.max_ranks), "--port", str(args.port)]
     for flag, value in (
         ("--suite", args.suite),
@@ -649,6 +662,12 @@ def cmd_wait(args: argparse.Namespace) -> int:
         print("\n".join(line for line in tail if line.startswith("GATE ")), flush=True)
     if args.dest:
         collect(work, Path(args.dest))
+        suite_file = work / "suite.json"
+        if state["state"] != "done" and suite_file.is_file():
+            try:  # the gate files of whatever has finished so far
+                report(json.loads(suite_file.read_text()), work, Path(args.dest) / "results")
+            except (SystemExit, Exception) as e:  # noqa: BLE001 - the runs are collected
+                print(f"partial report failed: {e}", flush=True)
     return rc
 
 

@@ -745,6 +745,11 @@ def test_detached_start_wait_collect(tmp_path: Path):
         check=True,
     )
     assert (work / "daemon.log").read_text().count("reusing") == 3
+    # the lease's end never moves later when the suite is started again
+    end = float((work / "deadline_epoch").read_text())
+    later = [*start[:-1], "9999"]
+    subprocess.run(later, env=env, capture_output=True, text=True, timeout=60, check=True)
+    assert float((work / "deadline_epoch").read_text()) == end
 
 
 def test_wait_times_out_and_reports_a_killed_suite(tmp_path: Path):
@@ -777,3 +782,34 @@ def test_wait_times_out_and_reports_a_killed_suite(tmp_path: Path):
         timeout=60,
     )
     assert gone.returncode == 4, gone.stdout
+
+
+def test_the_deadline_kills_and_records_timed_out_and_unstarted_runs(tmp_path: Path):
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps(SUITE))
+    proc = subprocess.run(
+        gate_cmd(
+            "suite",
+            "--suite",
+            str(path),
+            "--work",
+            str(tmp_path / "work"),
+            "--out",
+            str(tmp_path / "out"),
+            "--deadline-s",
+            "4",
+            "--max-ranks",
+            "1",
+        ),
+        env=gate_env(tmp_path, GATE_FAKE_SLEEP="30"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = tmp_path / "work" / "runs"
+    killed = json.loads((runs / "f-tp1.json").read_text())
+    assert not killed["ok"] and killed["timed_out"] and "timed out" in killed["error"]
+    unstarted = json.loads((runs / "f-tp2-dcp2.json").read_text())
+    assert not unstarted["ok"] and unstarted["not_started"]
+    assert not (tmp_path / "out" / "dcp-gate-f-dcp2.json").exists()  # no tolerance: no verdict
