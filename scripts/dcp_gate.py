@@ -144,6 +144,9 @@ class Launch:
                     start_new_session=True,
                 )
             )
+        # the rank process groups, so that a resumed suite can end those a killed one left
+        self.pgid_file = self.rank_dir / f"{cfg.name}.pgids"
+        self.pgid_file.write_text(" ".join(str(p.pid) for p in self.procs) + "\n")
 
     def done(self) -> bool:
         return all(p.poll() is not None for p in self.procs)
@@ -171,6 +174,8 @@ class Launch:
     def collect(self, command: str, timed_out: bool) -> dict[str, Any]:
         for log in self.logs:
             log.close()
+        if not self.missing_tree:
+            self.pgid_file.unlink(missing_ok=True)
         ranks = []
         for r in range(self.cfg.world_size):
             path = self.rank_dir / f"{self.cfg.name}.rank{r}.json"
@@ -243,10 +248,40 @@ def checkpoint_info(model: str) -> dict[str, Any]:
     return {"path": model, **info}
 
 
+def end_orphan_ranks(work: Path) -> list[int]:
+    """End the rank process groups an earlier, killed suite of this work folder left running
+    (they hold GPU memory and ports); only processes that are gate ranks are touched."""
+    ended = []
+    for f in sorted((work / "ranks").glob("*.pgids")):
+        for pid in (int(x) for x in f.read_text().split()):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"_rank" in cmdline and any(c.endswith(b"dcp_gate.py") for c in cmdline):
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                    ended.append(pid)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        f.unlink()
+    return ended
+
+
 def run_many(
-    configs: list[plan.GateConfig], work: Path, max_ranks: int, deadline_s: float, port0: int
+    configs: list[plan.GateConfig],
+    work: Path,
+    max_ranks: int,
+    deadline_s: float,
+    port0: int,
+    warmup_hold_s: float = 240.0,
 ) -> dict[str, dict[str, Any]]:
-    """Run the configurations, as many at once as max_ranks allows; stop at the deadline."""
+    """Run the configurations, as many at once as max_ranks allows; stop at the deadline.
+    Warm-up runs start first; the others wait until the warm-up engines are up (the JIT
+    caches are then filled once) or warmup_hold_s has passed."""
+    orphans = end_orphan_ranks(work)
+    if orphans:
+        print(f"[gate] ended rank processes a killed suite left: {orphans}", flush=True)
     (work / "logs").mkdir(parents=True, exist_ok=True)
     (work / "runs").mkdir(parents=True, exist_ok=True)
     gpus = gpu_count()
@@ -260,7 +295,9 @@ def run_many(
     command = shlex.join([sys.executable, *sys.argv])
     while pending or active:
         # warm-up runs go first; the rest wait until their engines are up (JIT caches filled)
-        warming = any(a.cfg.warmup and not a.engine_up() for a in active)
+        warming = time.time() - t0 < warmup_hold_s and any(
+            a.cfg.warmup and not a.engine_up() for a in active
+        )
         while pending and (
             not active
             or (
@@ -533,7 +570,12 @@ def cmd_suite(args: argparse.Namespace) -> int:
     work.mkdir(parents=True, exist_ok=True)
     (work / "suite.json").write_text(json.dumps(suite) + "\n")
     left = args.deadline_s - (time.time() - t_start)
-    run_many(configs, work, args.max_ranks, left, args.port)
+    # a resumed suite takes fresh ports (a killed one's may linger in TIME_WAIT)
+    starts_file = work / "starts"
+    starts = int(starts_file.read_text()) if starts_file.is_file() else 0
+    starts_file.write_text(f"{starts + 1}\n")
+    port = args.port + 1000 * (starts % 8)
+    run_many(configs, work, args.max_ranks, left, port, args.warmup_hold_s)
     report(suite, work, Path(args.out))
     return 0
 
@@ -590,6 +632,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     argv = [sys.executable, str(HERE / "dcp_gate.py"), "suite", "--work", str(work)]
     argv += ["--out", str(out), "--deadline-s", f"{left:.0f}"]
     argv += ["--max-ranks", str(args.max_ranks), "--port", str(args.port)]
+    argv += ["--warmup-hold-s", str(args.warmup_hold_s)]
     for flag, value in (
         ("--suite", args.suite),
         ("--suites", args.suites),
@@ -755,6 +798,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--max-ranks", type=int, default=16, help="rank processes at once")
             p.add_argument("--deadline-s", type=float, default=3600.0)
             p.add_argument("--port", type=int, default=29600)
+            p.add_argument(
+                "--warmup-hold-s",
+                type=float,
+                default=240.0,
+                help="the longest the queue waits for the warm-up engines",
+            )
             p.add_argument("--only", default=None, help="comma-separated run names")
             p.add_argument("--rerun", action="store_true", help="ignore earlier run records")
     p = sub.add_parser("wait", help="follow a suite started with start")

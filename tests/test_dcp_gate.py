@@ -782,6 +782,26 @@ def test_wait_times_out_and_reports_a_killed_suite(tmp_path: Path):
         timeout=60,
     )
     assert gone.returncode == 4, gone.stdout
+    # started again: the orphaned ranks of the killed suite are ended, the suite resumes
+    fast = gate_env(tmp_path, GATE_FAKE_SLEEP="0")
+    subprocess.run(
+        gate_cmd("start", "--suite", str(suite), "--work", str(work)),
+        env=fast,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    done = subprocess.run(
+        gate_cmd("wait", "--work", str(work), "--seconds", "60"),
+        env=fast,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stdout
+    log = (work / "daemon.log").read_text()
+    assert "ended rank processes a killed suite left" in log
+    assert not list((work / "ranks").glob("*.pgids"))
 
 
 def test_the_deadline_kills_and_records_timed_out_and_unstarted_runs(tmp_path: Path):

@@ -17,6 +17,14 @@ also fit the envelope and is not in a suite yet).
 ``stock-eager`` (the chaotic high-gain GLM checkpoint) and ``survey-20261201.json`` are the
 suites that produced the 2026-12-01 files; ``needle-eager`` and ``needle-graphs`` run the
 needle checkpoints, which design/dcp-gates.md says why.
+
+The patched series' rows (every run ``variant="patched"``: the launcher puts
+~/gpu-vllm-patched first on its ranks' PYTHONPATH) are ``patched-matrix`` (the series'
+Triton backend, FlashMLA-sparse with 32 local heads, FlashAttention-sparse on a bf16 cache,
+each DCP=2 vs DCP=1 at TP=2), ``patched-variants`` (top-k merge backends, packed-CKV route,
+fp8 wire with the ledger on, MTP k=1/2/4/5/adaptive, all at DCP=2), ``patched-dcp4``,
+``patched-graphs`` and ``patched-dcp4-extras``. ``LEASE`` lists every suite in priority order
+(``--suites lease``): a deadline cuts the end of that queue.
 """
 
 from __future__ import annotations
@@ -398,7 +406,7 @@ def patched_suite(backend: str, kv_cache_dtype: str | None = "fp8_ds_mla") -> di
     """The series' backend on the patched tree, DCP=2 against DCP=1 (GLM at TP=2: 32 local
     heads, the case stock FlashMLA-sparse refuses), plus the reference for the noise floor,
     on the needle checkpoint."""
-    b = {"backend": backend, "kv_cache_dtype": kv_cache_dtype}
+    b = {"backend": backend, "kv_cache_dtype": kv_cache_dtype, "variant": "patched"}
     runs = [
         {**_run("p-glmn-tp1-dcp1", "glmn", 1, 1, ["clean", "repeat", "sensitivity"]), **b},
         {**_run("p-glmn-tp2-dcp1", "glmn", 2, 1, ["clean", "repeat"]), **b},
