@@ -218,6 +218,7 @@ class Launch:
             "checkpoint": checkpoint_info(self.cfg.model),
             "engine_kwargs": r0.get("engine_kwargs"),
             "engine_start_s": r0.get("engine_start_s"),
+            "started_at": round(self.started, 3),
             "wall_s": round(time.time() - self.started, 1),
             "cudagraph_mode": r0.get("cudagraph_mode"),
             "attention_layers": [
@@ -295,16 +296,14 @@ def run_many(
     command = shlex.join([sys.executable, *sys.argv])
     while pending or active:
         # warm-up runs go first; the rest wait until their engines are up (JIT caches filled)
-        warming = time.time() - t0 < warmup_hold_s and any(
-            a.cfg.warmup and not a.engine_up() for a in active
-        )
-        while pending and (
-            not active
-            or (
-                (pending[0].warmup or not warming)
-                and sum(a.cfg.world_size for a in active) + pending[0].world_size <= max_ranks
+        while pending:
+            warming = time.time() - t0 < warmup_hold_s and any(
+                a.cfg.warmup and not a.engine_up() for a in active
             )
-        ):
+            busy = sum(a.cfg.world_size for a in active)
+            fits = not active or busy + pending[0].world_size <= max_ranks
+            if not fits or (warming and not pending[0].warmup):
+                break
             cfg = pending.pop(0)
             print(
                 f"[gate {time.strftime('%H:%M:%S')}] start {cfg.name} ({cfg.world_size} ranks)",

@@ -833,3 +833,15 @@ def test_the_deadline_kills_and_records_timed_out_and_unstarted_runs(tmp_path: P
     unstarted = json.loads((runs / "f-tp2-dcp2.json").read_text())
     assert not unstarted["ok"] and unstarted["not_started"]
     assert not (tmp_path / "out" / "dcp-gate-f-dcp2.json").exists()  # no tolerance: no verdict
+
+
+def test_warmup_runs_start_first_and_the_rest_wait_for_their_engines(tmp_path: Path):
+    suite = copy.deepcopy(SUITE)
+    suite["runs"][0]["warmup"] = True  # f-tp1
+    proc = run_suite(tmp_path, suite, GATE_FAKE_SLEEP="2", GATE_FAKE_PASS_SLEEP="2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "work" / "runs").glob("*")}
+    warm = runs["f-tp1"]["started_at"]
+    later = [runs[n]["started_at"] for n in ("f-tp2", "f-tp2-dcp2")]
+    # started once the warm-up engine was up (~2 s), before the warm-up run ended (~4 s)
+    assert all(warm + 1.5 <= t < warm + runs["f-tp1"]["wall_s"] for t in later), (warm, later)

@@ -126,8 +126,6 @@ def _needle_suite(graphs: bool) -> dict[str, Any]:
         _run(f"v32n-tp2-dcp2{tag}", "v32n", 2, 2, ["clean", "fault"], graphs),
     ]
     gate = tag or "-eager"
-    if graphs:  # the eager suite runs the TP=1/TP=2 noise references; reuse them
-        runs = [r for r in runs if r["name"].endswith("-graphs")]
     return {
         "checkpoints": NEEDLE_CKPTS,
         "runs": runs,

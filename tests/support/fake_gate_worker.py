@@ -56,6 +56,8 @@ def main(config_path: str, out_dir: str) -> int:
     import vllm  # the stand-in tree the launcher chose for this variant
 
     time.sleep(float(os.environ.get("GATE_FAKE_SLEEP", "0")))
+    print(f"[{cfg.name} r{rank}] engine up in 0.0 s", flush=True)  # what the launcher waits for
+    time.sleep(float(os.environ.get("GATE_FAKE_PASS_SLEEP", "0")))
 
     passes = {}
     ledger = {}
