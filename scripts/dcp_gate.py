@@ -254,6 +254,18 @@ def end_orphan_ranks(work: Path) -> list[int]:
     (they hold GPU memory and ports); only processes that are gate ranks are touched."""
     ended = []
     for f in sorted((work / "ranks").glob("*.pgids")):
+        # the run was in flight when its suite died: say so in <work>/killed.jsonl
+        with open(work / "killed.jsonl", "a") as killed:
+            killed.write(
+                json.dumps(
+                    {
+                        "name": f.name.removesuffix(".pgids"),
+                        "ended_at": round(time.time(), 3),
+                        "note": "in flight when its suite process died; rerun by the resumed suite",
+                    }
+                )
+                + "\n"
+            )
         for pid in (int(x) for x in f.read_text().split()):
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -723,7 +735,7 @@ def collect(work: Path, dest: Path) -> None:
     for sub in ("runs", "results"):
         if (work / sub).is_dir():
             shutil.copytree(work / sub, dest / sub, dirs_exist_ok=True)
-    for name in ("status.json", "daemon.log", "daemon.pid", "daemon.done"):
+    for name in ("status.json", "daemon.log", "daemon.pid", "daemon.done", "killed.jsonl"):
         if (work / name).is_file():
             shutil.copy2(work / name, dest / name)
     with tarfile.open(dest / "rank-logs.tgz", "w:gz") as tar:

@@ -801,6 +801,8 @@ def test_wait_times_out_and_reports_a_killed_suite(tmp_path: Path):
     assert done.returncode == 0, done.stdout
     log = (work / "daemon.log").read_text()
     assert "ended rank processes a killed suite left" in log
+    killed = [json.loads(x) for x in (work / "killed.jsonl").read_text().splitlines()]
+    assert {k["name"] for k in killed} <= {r["name"] for r in SUITE["runs"]} and killed
     assert not list((work / "ranks").glob("*.pgids"))
 
 
