@@ -215,7 +215,9 @@ class GateConfig:
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - fields
         if unknown:
-            raise ValueError(f"unknown gate config keys {sorted(unknown)}")
+            raise ValueError(
+                f"unknown gate config keys {sorted(unknown)}; valid: {', '.join(sorted(fields))}"
+            )
         return cls(**d)
 
 
