@@ -15,6 +15,13 @@ rank, at most --max-ranks processes at once)::
     python scripts/dcp_gate.py suite --suite patched --backend TRITON_MLA_SPARSE_FP8_DS_MLA ...
     python scripts/dcp_gate.py run --name x --model DIR --tp 4 --dcp 2 --passes clean,fault
     python scripts/dcp_gate.py report --work /tmp/gate --suite needle-eager --out results
+    # the whole issue-12 matrix as one priority queue, detached across short device calls
+    python scripts/dcp_gate.py start --suites lease --work /root/gate --deadline-s 1260
+    python scripts/dcp_gate.py wait --work /root/gate --seconds 560 --dest $OUT/gate
+    python scripts/dcp_gate.py collect --work /root/gate --dest $OUT/gate
+
+Each run names its vLLM tree (``variant``: stock or patched); the launcher puts that tree first
+on its ranks' PYTHONPATH, so stock and patched runs share one queue.
 
 ``suite`` writes the checkpoints (scripts/make_dsa_gate_ckpt.py, seeded), the run records
 (``<work>/runs/<run>.json``: command, revision, base, machine, configuration, the backend/impl
