@@ -15,6 +15,13 @@ rank, at most --max-ranks processes at once)::
     python scripts/dcp_gate.py suite --suite patched --backend TRITON_MLA_SPARSE_FP8_DS_MLA ...
     python scripts/dcp_gate.py run --name x --model DIR --tp 4 --dcp 2 --passes clean,fault
     python scripts/dcp_gate.py report --work /tmp/gate --suite needle-eager --out results
+    # the whole issue-12 matrix as one priority queue, detached across short device calls
+    python scripts/dcp_gate.py start --suites lease --work /root/gate --deadline-s 1260
+    python scripts/dcp_gate.py wait --work /root/gate --seconds 560 --dest $OUT/gate
+    python scripts/dcp_gate.py collect --work /root/gate --dest $OUT/gate
+
+Each run names its vLLM tree (``variant``: stock or patched); the launcher puts that tree first
+on its ranks' PYTHONPATH, so stock and patched runs share one queue.
 
 ``suite`` writes the checkpoints (scripts/make_dsa_gate_ckpt.py, seeded), the run records
 (``<work>/runs/<run>.json``: command, revision, base, machine, configuration, the backend/impl
@@ -62,18 +69,35 @@ def revision() -> dict[str, Any]:
     return info
 
 
-def base_info(machine: dict[str, Any] | None) -> dict[str, Any]:
-    variant = os.environ.get("VARIANT", "stock")
+def overlay_manifest() -> Path:
+    return Path(os.environ.get("GATE_OVERLAY", Path.cwd() / ".gpu-overlay")) / "MANIFEST"
+
+
+def base_info(machine: dict[str, Any] | None, variant: str, tree: str | None) -> dict[str, Any]:
+    """Which vLLM the run imported: version, variant, the tree its PYTHONPATH put first,
+    the path vllm really came from, and for the patched tree the overlay manifest's digest."""
     info: dict[str, Any] = {
         "vllm": (machine or {}).get("vllm"),
         "variant": variant,
+        "vllm_tree": tree,
         "vllm_path": (machine or {}).get("vllm_path"),
     }
-    manifest = Path(os.environ.get("GATE_OVERLAY", Path.cwd() / ".gpu-overlay")) / "MANIFEST"
-    if variant == "patched" and manifest.is_file():
-        info["overlay_manifest_sha256"] = hashlib.sha256(manifest.read_bytes()).hexdigest()
-        info["overlay_files"] = len(manifest.read_text().splitlines())
+    manifest = overlay_manifest()
+    if variant == "patched":
+        if manifest.is_file():
+            info["overlay_manifest_sha256"] = hashlib.sha256(manifest.read_bytes()).hexdigest()
+            info["overlay_files"] = len(manifest.read_text().splitlines())
+        else:
+            info["overlay_manifest_sha256"] = None
+            info["overlay_manifest_missing"] = str(manifest)
     return info
+
+
+def imported_from(tree: str | None, vllm_path: str | None) -> bool:
+    """Whether the worker's vllm package lies inside the tree its variant names."""
+    if not tree or not vllm_path:
+        return False
+    return Path(vllm_path).resolve().is_relative_to(Path(tree).resolve())
 
 
 def gpu_count() -> int:
@@ -97,10 +121,18 @@ class Launch:
         cfg_path.write_text(json.dumps(cfg.to_json(), indent=1))
         for old in self.rank_dir.glob(f"{cfg.name}.rank*.json"):
             old.unlink()
-        self.envs = [{**e, **cfg.env} for e in plan.rank_envs(cfg.world_size, gpus, port, cfg.name)]
+        self.tree = plan.vllm_tree(cfg.variant, dict(os.environ))
+        pythonpath = plan.variant_pythonpath(cfg.variant, dict(os.environ))
+        self.envs = [
+            {**e, "PYTHONPATH": pythonpath, **cfg.env}
+            for e in plan.rank_envs(cfg.world_size, gpus, port, cfg.name)
+        ]
         self.procs: list[subprocess.Popen] = []
         self.logs = []
         self.started = time.time()
+        self.missing_tree = not Path(self.tree).is_dir()
+        if self.missing_tree:  # fail closed: never run a variant from the wrong tree
+            return
         for r, env in enumerate(self.envs):
             log = open(work / "logs" / f"{cfg.name}.rank{r}.log", "w")
             self.logs.append(log)
@@ -119,9 +151,22 @@ class Launch:
                     start_new_session=True,
                 )
             )
+        # the rank process groups, so that a resumed suite can end those a killed one left
+        self.pgid_file = self.rank_dir / f"{cfg.name}.pgids"
+        self.pgid_file.write_text(" ".join(str(p.pid) for p in self.procs) + "\n")
 
     def done(self) -> bool:
         return all(p.poll() is not None for p in self.procs)
+
+    def engine_up(self) -> bool:
+        """Rank 0 has built its engine (the worker logs "engine up"), or the run ended."""
+        if self.done():
+            return True
+        log = self.work / "logs" / f"{self.cfg.name}.rank0.log"
+        try:
+            return "engine up in" in log.read_text(errors="replace")
+        except OSError:
+            return False
 
     def kill(self) -> None:
         for p in self.procs:
@@ -136,12 +181,24 @@ class Launch:
     def collect(self, command: str, timed_out: bool) -> dict[str, Any]:
         for log in self.logs:
             log.close()
+        if not self.missing_tree:
+            self.pgid_file.unlink(missing_ok=True)
         ranks = []
         for r in range(self.cfg.world_size):
             path = self.rank_dir / f"{self.cfg.name}.rank{r}.json"
             ranks.append(json.loads(path.read_text()) if path.is_file() else None)
         r0 = ranks[0] or {}
-        errors = [
+        base = base_info(r0.get("machine"), self.cfg.variant, self.tree)
+        if self.missing_tree:
+            errors = [f"the {self.cfg.variant} vLLM tree {self.tree} does not exist; not started"]
+        else:
+            errors = []
+        if r0.get("ok") and not imported_from(self.tree, base["vllm_path"]):
+            errors.append(
+                f"rank 0 imported vllm from {base['vllm_path']}, not from the "
+                f"{self.cfg.variant} tree {self.tree}"
+            )
+        errors += [
             f"rank {r}: "
             + (
                 rec.get("error")
@@ -150,7 +207,7 @@ class Launch:
                 f"{self.procs[r].returncode}{', timed out' if timed_out else ''})"
             )
             for r, rec in enumerate(ranks)
-            if not rec or not rec.get("ok")
+            if (not rec or not rec.get("ok")) and not self.missing_tree
         ]
         return {
             "schema_version": verdict.SCHEMA_VERSION,
@@ -158,7 +215,8 @@ class Launch:
             "name": self.cfg.name,
             "command": command,
             "revision": revision(),
-            "base": base_info(r0.get("machine")),
+            "base": base,
+            "variant": self.cfg.variant,
             "machine": r0.get("machine"),
             "gpus_visible": self.gpus,
             "transport": plan.transport(self.cfg.world_size, self.gpus),
@@ -167,6 +225,7 @@ class Launch:
             "checkpoint": checkpoint_info(self.cfg.model),
             "engine_kwargs": r0.get("engine_kwargs"),
             "engine_start_s": r0.get("engine_start_s"),
+            "started_at": round(self.started, 3),
             "wall_s": round(time.time() - self.started, 1),
             "cudagraph_mode": r0.get("cudagraph_mode"),
             "attention_layers": [
@@ -180,7 +239,14 @@ class Launch:
                 :2
             ],
             "exit_codes": [p.returncode for p in self.procs],
+            "timed_out": timed_out and not self.missing_tree,
             "passes": r0.get("passes", {}),
+            "ledger": [
+                {"rank": r, "passes": (rec or {}).get("ledger")}
+                for r, rec in enumerate(ranks)
+                if (rec or {}).get("ledger")
+            ],
+            "spec": r0.get("spec"),
         }
 
 
@@ -190,10 +256,52 @@ def checkpoint_info(model: str) -> dict[str, Any]:
     return {"path": model, **info}
 
 
+def end_orphan_ranks(work: Path) -> list[int]:
+    """End the rank process groups an earlier, killed suite of this work folder left running
+    (they hold GPU memory and ports); only processes that are gate ranks are touched."""
+    ended = []
+    for f in sorted((work / "ranks").glob("*.pgids")):
+        # the run was in flight when its suite died: say so in <work>/killed.jsonl
+        with open(work / "killed.jsonl", "a") as killed:
+            killed.write(
+                json.dumps(
+                    {
+                        "name": f.name.removesuffix(".pgids"),
+                        "ended_at": round(time.time(), 3),
+                        "note": "in flight when its suite process died; rerun by the resumed suite",
+                    }
+                )
+                + "\n"
+            )
+        for pid in (int(x) for x in f.read_text().split()):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"_rank" in cmdline and any(c.endswith(b"dcp_gate.py") for c in cmdline):
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                    ended.append(pid)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        f.unlink()
+    return ended
+
+
 def run_many(
-    configs: list[plan.GateConfig], work: Path, max_ranks: int, deadline_s: float, port0: int
+    configs: list[plan.GateConfig],
+    work: Path,
+    max_ranks: int,
+    deadline_s: float,
+    port0: int,
+    warmup_hold_s: float = 240.0,
 ) -> dict[str, dict[str, Any]]:
-    """Run the configurations, as many at once as max_ranks allows; stop at the deadline."""
+    """Run the configurations, as many at once as max_ranks allows; stop at the deadline.
+    Warm-up runs start first; the others wait until the warm-up engines are up (the JIT
+    caches are then filled once) or warmup_hold_s has passed."""
+    orphans = end_orphan_ranks(work)
+    if orphans:
+        print(f"[gate] ended rank processes a killed suite left: {orphans}", flush=True)
     (work / "logs").mkdir(parents=True, exist_ok=True)
     (work / "runs").mkdir(parents=True, exist_ok=True)
     gpus = gpu_count()
@@ -206,9 +314,15 @@ def run_many(
     port = port0
     command = shlex.join([sys.executable, *sys.argv])
     while pending or active:
-        while pending and (
-            not active or sum(a.cfg.world_size for a in active) + pending[0].world_size <= max_ranks
-        ):
+        # warm-up runs go first; the rest wait until their engines are up (JIT caches filled)
+        while pending:
+            warming = time.time() - t0 < warmup_hold_s and any(
+                a.cfg.warmup and not a.engine_up() for a in active
+            )
+            busy = sum(a.cfg.world_size for a in active)
+            fits = not active or busy + pending[0].world_size <= max_ranks
+            if not fits or (warming and not pending[0].warmup):
+                break
             cfg = pending.pop(0)
             print(
                 f"[gate {time.strftime('%H:%M:%S')}] start {cfg.name} ({cfg.world_size} ranks)",
@@ -216,6 +330,7 @@ def run_many(
             )
             active.append(Launch(cfg, work, port, gpus))
             port += 7
+            write_status(work, pending, active, results, t0)
         late = time.time() - t0 > deadline_s
         for a in list(active):
             if a.done() or late:
@@ -230,6 +345,7 @@ def run_many(
                     flush=True,
                 )
                 active.remove(a)
+                write_status(work, pending, active, results, t0)
         if late:
             for cfg in pending:
                 results[cfg.name] = {
@@ -238,9 +354,27 @@ def run_many(
                     "config": cfg.to_json(),
                     "error": "not started before the deadline",
                 }
+                (work / "runs" / f"{cfg.name}.json").write_text(
+                    json.dumps(results[cfg.name] | {"kind": "dcp_gate_run", "not_started": True})
+                    + "\n"
+                )
             pending = []
+            write_status(work, pending, active, results, t0)
         time.sleep(1)
     return results
+
+
+def write_status(work: Path, pending: list, active: list, results: dict, t0: float) -> None:
+    """<work>/status.json: what runs, what waits, what ended (read by ``wait``)."""
+    doc = {
+        "elapsed_s": round(time.time() - t0, 1),
+        "active": [a.cfg.name for a in active],
+        "pending": [c.name for c in pending],
+        "finished": {n: bool(r.get("ok")) for n, r in results.items()},
+    }
+    tmp = work / "status.json.tmp"
+    tmp.write_text(json.dumps(doc) + "\n")
+    tmp.replace(work / "status.json")
 
 
 def load_runs(work: Path) -> dict[str, dict[str, Any]]:
@@ -279,11 +413,12 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
             continue
         tolerances[ckpt] = tol
         sens = {}
+        model_name = ckpt.split("/")[0]  # a noise group "glmn/patched" is of checkpoint glmn
         for name, run in runs.items():
             if (
                 run.get("ok")
                 and run.get("passes", {}).get("sensitivity")
-                and run.get("config", {}).get("model", "").rstrip("/").endswith("/" + ckpt)
+                and run.get("config", {}).get("model", "").rstrip("/").endswith("/" + model_name)
             ):
                 sens[name] = verdict.sensitivity(run, tol["atol_logprob"])
         doc = {
@@ -302,18 +437,20 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
             "tolerance": tol,
             "sensitivity": sens,
         }
-        path = out / f"dcp-gate-noise-{ckpt}.json"
+        path = out / f"dcp-gate-noise-{ckpt.replace('/', '-')}.json"
         path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         written.append(path)
-    for gate, (ref_name, cand_name) in suite.get("gates", {}).items():
+    for gate, spec in suite.get("gates", {}).items():
+        ref_name, cand_name, kind = gate_spec(spec)
         ref, cand = runs.get(ref_name), runs.get(cand_name)
         if ref is None or cand is None:
             print(f"gate {gate}: run {ref_name if ref is None else cand_name} missing", flush=True)
             continue
         ckpt = _ckpt_of(suite, ref_name)
-        tol = tolerances.get(ckpt)
+        group = spec.get("noise", ckpt) if isinstance(spec, dict) else ckpt
+        tol = tolerances.get(group)
         if tol is None:
-            print(f"gate {gate}: no tolerance for checkpoint {ckpt}", flush=True)
+            print(f"gate {gate}: no tolerance for noise group {group}", flush=True)
             continue
         sens = _best_sensitivity(runs, ckpt, tol["atol_logprob"], ref_name)
         result = verdict.gate_result(
@@ -323,9 +460,11 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
             tol,
             {
                 "max_abs_logprob_diff": tol["noise_floor"],
-                "pairs": noise_by_ckpt[ckpt],
+                "group": group,
+                "pairs": noise_by_ckpt[group],
             },
             sens,
+            kind,
         )
         result["command"] = shlex.join([sys.executable, *sys.argv])
         # the runs' revision (what was tested) plus the one that derived the verdict
@@ -346,6 +485,15 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
     return written
 
 
+def gate_spec(spec: Any) -> tuple[str, str, str]:
+    """A suite's gate entry: [ref, cand], [ref, cand, kind] or {ref, cand, kind}."""
+    if isinstance(spec, dict):
+        return spec["ref"], spec["cand"], spec.get("kind", "dcp")
+    if len(spec) == 3:
+        return spec[0], spec[1], spec[2]
+    return spec[0], spec[1], "dcp"
+
+
 def _ckpt_of(suite: dict[str, Any], run_name: str) -> str:
     for r in suite.get("runs", []):
         if r["name"] == run_name:
@@ -356,9 +504,15 @@ def _ckpt_of(suite: dict[str, Any], run_name: str) -> str:
 def _best_sensitivity(runs: dict[str, Any], ckpt: str, atol: float, ref_name: str):
     """The sensitivity measured on the gate's own reference when it ran that pass, else on
     the checkpoint's TP=1 reference."""
-    order = [ref_name] + sorted(n for n in runs if n != ref_name)
+    variant = (runs.get(ref_name) or {}).get("config", {}).get("variant", "stock")
+    order = [ref_name] + sorted(
+        (n for n in runs if n != ref_name),
+        key=lambda n: (runs[n].get("config", {}).get("variant", "stock") != variant, n),
+    )
     for name in order:
-        run = runs[name]
+        run = runs.get(name)
+        if run is None:
+            continue
         if (
             run.get("ok")
             and run.get("passes", {}).get("sensitivity")
@@ -371,6 +525,17 @@ def _best_sensitivity(runs: dict[str, Any], ckpt: str, atol: float, ref_name: st
 
 
 def resolve_suite(args: argparse.Namespace) -> dict[str, Any]:
+    """--suite NAME (or a JSON file), or --suites A,B,C (``lease``: plans.LEASE) as one queue."""
+    names = getattr(args, "suites", None)
+    if names:
+        listed = plans.LEASE if names == "lease" else names.split(",")
+        suites = []
+        for name in listed:
+            one = argparse.Namespace(**{**vars(args), "suite": name, "suites": None})
+            suites.append(resolve_suite(one))
+        return plans.merge_suites(suites)
+    if not args.suite:
+        raise SystemExit("give --suite NAME or --suites A,B,... (or --suites lease)")
     if args.suite == "patched":
         if not args.backend:
             raise SystemExit("--suite patched needs --backend (the patched tree's registry name)")
@@ -386,19 +551,22 @@ def resolve_suite(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def make_checkpoints(suite: dict[str, Any], work: Path) -> dict[str, str]:
-    paths = {}
+    """Write the suite's missing checkpoints, all at once (seeded: the same bytes each time)."""
+    paths, procs = {}, []
     for name, argv in suite.get("checkpoints", {}).items():
         d = work / "ckpt" / name
         if not (d / "gate_ckpt.json").is_file():
-            subprocess.run(
-                [sys.executable, str(HERE / "make_dsa_gate_ckpt.py"), *argv, "--out", str(d)],
-                check=True,
-            )
+            cmd = [sys.executable, str(HERE / "make_dsa_gate_ckpt.py"), *argv, "--out", str(d)]
+            procs.append((name, subprocess.Popen(cmd)))
         paths[name] = str(d)
+    failed = [name for name, proc in procs if proc.wait() != 0]
+    if failed:
+        raise SystemExit(f"checkpoint generation failed: {failed}")
     return paths
 
 
 def cmd_suite(args: argparse.Namespace) -> int:
+    t_start = time.time()  # --deadline-s counts from here: checkpoints included
     suite = resolve_suite(args)
     work = Path(args.work)
     ckpts = make_checkpoints(suite, work)
@@ -416,9 +584,189 @@ def cmd_suite(args: argparse.Namespace) -> int:
         if made and "needle" not in r:  # a needle checkpoint: its prompts carry the needle
             r = {**r, "needle": int(made["needle_id"])}
         configs.append(plan.GateConfig.from_json({**r, "model": model}))
-    run_many(configs, work, args.max_ranks, args.deadline_s, args.port)
+    # the resolved suite, for ``wait --dest`` (partial reports from whatever has finished)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "suite.json").write_text(json.dumps(suite) + "\n")
+    left = args.deadline_s - (time.time() - t_start)
+    # a resumed suite takes fresh ports (a killed one's may linger in TIME_WAIT)
+    starts_file = work / "starts"
+    starts = int(starts_file.read_text()) if starts_file.is_file() else 0
+    starts_file.write_text(f"{starts + 1}\n")
+    port = args.port + 1000 * (starts % 8)
+    run_many(configs, work, args.max_ranks, left, port, args.warmup_hold_s)
     report(suite, work, Path(args.out))
     return 0
+
+
+# --- detached mode: start / wait / collect ------------------------------------------------
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (our own child, not yet reaped) has ended
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+        return state != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def daemon_state(work: Path) -> dict[str, Any]:
+    """{"state": none | running | done | died, pid, rc}: what <work>/daemon.* say."""
+    pid_file, done_file = work / "daemon.pid", work / "daemon.done"
+    if done_file.is_file():
+        return {"state": "done", "rc": int(done_file.read_text().split()[0] or 1)}
+    if not pid_file.is_file():
+        return {"state": "none"}
+    info = json.loads(pid_file.read_text())
+    return {"state": "running" if _alive(info["pid"]) else "died", **info}
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    """Run the suite in a detached session (setsid, SIGHUP ignored), logging to
+    <work>/daemon.log; <work>/daemon.pid while it runs, <work>/daemon.done (exit code) when
+    it ends. Refuses to start while one runs. Started again after a kill, it reuses every
+    successful run of the work folder (like ``suite``)."""
+    work = Path(args.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    state = daemon_state(work)
+    if state["state"] == "running":
+        print(f"a gate suite already runs in {work} (pid {state['pid']}); use wait", flush=True)
+        return 2
+    resolve_suite(args)  # a bad suite name fails here, not in the background
+    out = work / "results"
+    if args.out != str(REPO / "results"):
+        print(f"note: start writes the gate files to {out}; collect --dest copies them", flush=True)
+    # the deadline is absolute: a resumed suite (start again after a kill) keeps the first
+    # start's end unless --rerun; it never moves later
+    end_file = work / "deadline_epoch"
+    end = time.time() + args.deadline_s
+    if end_file.is_file() and not args.rerun:
+        end = min(end, float(end_file.read_text()))
+    end_file.write_text(f"{end}\n")
+    left = max(end - time.time(), 0.0)
+    argv = [sys.executable, str(HERE / "dcp_gate.py"), "suite", "--work", str(work)]
+    argv += ["--out", str(out), "--deadline-s", f"{left:.0f}"]
+    argv += ["--max-ranks", str(args.max_ranks), "--port", str(args.port)]
+    argv += ["--warmup-hold-s", str(args.warmup_hold_s)]
+    for flag, value in (
+        ("--suite", args.suite),
+        ("--suites", args.suites),
+        ("--only", args.only),
+        ("--backend", args.backend),
+    ):
+        if value:
+            argv += [flag, value]
+    argv += ["--kv-cache-dtype", args.kv_cache_dtype]
+    if args.rerun:
+        argv.append("--rerun")
+    (work / "daemon.done").unlink(missing_ok=True)
+    log = open(work / "daemon.log", "a")
+    proc = subprocess.Popen(
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env=dict(os.environ, GATE_DAEMON_DONE=str(work / "daemon.done")),
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+    )
+    (work / "daemon.pid").write_text(
+        json.dumps({"pid": proc.pid, "started": time.time(), "argv": argv}) + "\n"
+    )
+    print(f"started pid {proc.pid}: {shlex.join(argv)}", flush=True)
+    return 0
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    """Print progress until the detached suite ends or ``--seconds`` pass (returns a few
+    seconds early). Exit 0: done and it succeeded; 3: still running; 4: it died without
+    finishing (its finished runs stay recorded; start again to resume); 5: nothing started;
+    1: it ended with an error. With --dest, collect at the end."""
+    work = Path(args.work).resolve()
+    t_end = time.time() + max(args.seconds - 5, 0)
+    seen: dict[str, bool] = {}
+    rc = 3
+    while True:
+        state = daemon_state(work)
+        status_file = work / "status.json"
+        if status_file.is_file():
+            try:
+                st = json.loads(status_file.read_text())
+            except json.JSONDecodeError:
+                st = {}
+            for name, ok in st.get("finished", {}).items():
+                if name not in seen:
+                    seen[name] = ok
+                    print(f"[wait {time.strftime('%H:%M:%S')}] {name}: ok={ok}", flush=True)
+            line = (
+                f"[wait {time.strftime('%H:%M:%S')}] {state['state']}: "
+                f"{st.get('elapsed_s')} s, active {st.get('active')}, "
+                f"{len(st.get('pending', []))} pending, {len(st.get('finished', {}))} finished"
+            )
+        else:
+            line = f"[wait {time.strftime('%H:%M:%S')}] {state['state']}: no status yet"
+        if state["state"] != "running":
+            print(line, flush=True)
+            rc = {"done": 0 if state.get("rc") == 0 else 1, "died": 4, "none": 5}[state["state"]]
+            break
+        if time.time() >= t_end:
+            print(line, flush=True)
+            break
+        if int(time.time()) % 30 == 0:
+            print(line, flush=True)
+        time.sleep(1)
+    if state["state"] == "done":
+        tail = (work / "daemon.log").read_text(errors="replace").splitlines()
+        print("\n".join(line for line in tail if line.startswith("GATE ")), flush=True)
+    if args.dest:
+        collect(work, Path(args.dest))
+        suite_file = work / "suite.json"
+        if state["state"] != "done" and suite_file.is_file():
+            try:  # the gate files of whatever has finished so far
+                report(json.loads(suite_file.read_text()), work, Path(args.dest) / "results")
+            except (SystemExit, Exception) as e:  # noqa: BLE001 - the runs are collected
+                print(f"partial report failed: {e}", flush=True)
+    return rc
+
+
+def collect(work: Path, dest: Path) -> None:
+    """Copy what the runs wrote to ``dest``: run records, gate files, status, the daemon log,
+    and the rank logs and rank records as one tarball."""
+    import shutil
+    import tarfile
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for sub in ("runs", "results"):
+        if (work / sub).is_dir():
+            shutil.copytree(work / sub, dest / sub, dirs_exist_ok=True)
+    for name in ("status.json", "daemon.log", "daemon.pid", "daemon.done", "killed.jsonl"):
+        if (work / name).is_file():
+            shutil.copy2(work / name, dest / name)
+    with tarfile.open(dest / "rank-logs.tgz", "w:gz") as tar:
+        for sub in ("logs", "ranks"):
+            if (work / sub).is_dir():
+                tar.add(work / sub, arcname=sub)
+    print(f"collected {work} -> {dest}", flush=True)
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    collect(Path(args.work).resolve(), Path(args.dest))
+    return 0
+
+
+def _suite_main(args: argparse.Namespace) -> int:
+    """``suite``, writing its exit code to $GATE_DAEMON_DONE when started detached."""
+    done = os.environ.get("GATE_DAEMON_DONE")
+    rc = 1
+    try:
+        rc = cmd_suite(args)
+        return rc
+    finally:
+        if done:
+            Path(done).write_text(f"{rc}\n")
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -440,6 +788,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         batch_lens=tuple(int(x) for x in args.batch_lens.split(",") if x),
         max_tokens=args.max_tokens,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        variant=args.variant,
+        engine_extra=json.loads(args.engine_extra),
     )
     rec = run_many([cfg], Path(args.work), cfg.world_size, args.deadline_s, args.port)[cfg.name]
     print(json.dumps({k: rec.get(k) for k in ("name", "ok", "error", "transport")}), flush=True)
@@ -449,22 +799,40 @@ def cmd_run(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name, fn in (("suite", cmd_suite), ("report", cmd_report)):
+    for name, fn in (("suite", _suite_main), ("report", cmd_report), ("start", cmd_start)):
         p = sub.add_parser(name)
+        p.add_argument("--suite", help=f"{', '.join(plans.SUITES)}, patched, or JSON")
         p.add_argument(
-            "--suite", required=True, help=f"{', '.join(plans.SUITES)}, patched, or JSON"
+            "--suites",
+            help="comma-separated suites run as one priority queue; 'lease' = "
+            + ",".join(plans.LEASE),
         )
         p.add_argument("--backend", default=None, help="for --suite patched")
         p.add_argument("--kv-cache-dtype", default="fp8_ds_mla", help="for --suite patched")
         p.add_argument("--work", default="/tmp/dcp-gate", help="checkpoints, runs, logs")
         p.add_argument("--out", default=str(REPO / "results"), help="gate result files")
         p.set_defaults(func=fn)
-        if name == "suite":
+        if name in ("suite", "start"):
             p.add_argument("--max-ranks", type=int, default=16, help="rank processes at once")
             p.add_argument("--deadline-s", type=float, default=3600.0)
             p.add_argument("--port", type=int, default=29600)
+            p.add_argument(
+                "--warmup-hold-s",
+                type=float,
+                default=240.0,
+                help="the longest the queue waits for the warm-up engines",
+            )
             p.add_argument("--only", default=None, help="comma-separated run names")
             p.add_argument("--rerun", action="store_true", help="ignore earlier run records")
+    p = sub.add_parser("wait", help="follow a suite started with start")
+    p.add_argument("--work", default="/tmp/dcp-gate")
+    p.add_argument("--seconds", type=float, default=540.0, help="return before this")
+    p.add_argument("--dest", default=None, help="collect into this folder at the end")
+    p.set_defaults(func=cmd_wait)
+    p = sub.add_parser("collect", help="copy runs, gate files and logs to --dest")
+    p.add_argument("--work", default="/tmp/dcp-gate")
+    p.add_argument("--dest", required=True)
+    p.set_defaults(func=cmd_collect)
     p = sub.add_parser("run", help="one configuration")
     p.add_argument("--name", required=True)
     p.add_argument("--model", required=True)
@@ -478,6 +846,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-lens", default=",".join(map(str, plan.BATCH_LENS)))
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--kv-cache-memory-bytes", type=int, default=1 << 30)
+    p.add_argument("--variant", default="stock", help=f"{' or '.join(plan.VARIANTS)}")
+    p.add_argument("--engine-extra", default="{}", help="JSON merged into LLM(**kwargs)")
     p.add_argument("--work", default="/tmp/dcp-gate")
     p.add_argument("--deadline-s", type=float, default=3600.0)
     p.add_argument("--port", type=int, default=29600)

@@ -146,7 +146,19 @@ def equivalence_section() -> list[str]:
 
 def _side(s: dict[str, Any]) -> str:
     mode = "graphs" if s.get("graphs") else "eager"
-    return f"TP={s.get('tp')} DCP={s.get('dcp')} {mode}" + ("" if s.get("ok") else " (failed)")
+    extra = s.get("engine_extra") or {}
+    tags = [f"{k}={v}" for k, v in sorted(extra.items()) if k != "speculative_config"]
+    spec = extra.get("speculative_config")
+    if spec:
+        depth = spec.get("adaptive_speculative_tokens_ladder") or spec.get("num_speculative_tokens")
+        tags.append(f"mtp {depth}")
+    if s.get("variant") == "patched":  # files before per-run variants render as they did
+        tags.insert(0, "patched")
+    return (
+        f"TP={s.get('tp')} DCP={s.get('dcp')} {mode}"
+        + "".join(f", {t}" for t in tags)
+        + ("" if s.get("ok") else " (failed)")
+    )
 
 
 def dcp_gate_section() -> list[str]:
@@ -239,9 +251,19 @@ def dcp_gate_section() -> list[str]:
         prompts = d.get("prompts", {})
         same = sum(1 for p in prompts.values() if p.get("first_token_difference") is None)
         neg = d.get("negative_control", {})
+        kind = d.get("gate_kind", "dcp")
+        if kind == "wire":
+            w = d.get("wire") or {}
+            kind += (
+                f" (×floor {fmt(w.get('ratio_to_noise_floor'), 2)}, wire atol "
+                f"{fmt((w.get('tolerance') or {}).get('atol_logprob'), 2)}: "
+                f"{w.get('equivalent_under_wire_tolerance')})"
+            )
+        if kind == "spec":
+            kind += f" (tokens exact: {d['spec']['tokens_exact']['all_exact']})"
         rows.append(
             [
-                f"`{name}`",
+                f"`{name}`" + ("" if kind == "dcp" else f" [{kind}]"),
                 _side(d["dcp"]["reference"]),
                 _side(d["dcp"]["candidate"]),
                 ", ".join(d["backend"].get("candidate_used") or ["?"]),

@@ -231,32 +231,51 @@ SUITE = {
 }
 
 
-def run_suite(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    suite = tmp_path / "suite.json"
-    suite.write_text(json.dumps(SUITE))
-    full = dict(
-        os.environ,
-        GATE_GPUS="1",
-        GATE_WORKER_MODULE="fake_gate_worker",
-        PYTHONPATH=str(ROOT / "tests" / "support"),
-        DCP_GIT_REV="abc123",
+def fake_trees(tmp_path: Path) -> dict[str, str]:
+    """Two stand-in vLLM trees (stock, patched) and the environment that names them."""
+    env = {}
+    for variant in plan.VARIANTS:
+        pkg = tmp_path / f"tree-{variant}" / "vllm"
+        pkg.mkdir(parents=True, exist_ok=True)
+        (pkg / "__init__.py").write_text(f"__version__ = 'fake-{variant}'\n")
+        env[f"GATE_VLLM_{variant.upper()}"] = str(pkg.parent)
+    return env
+
+
+def gate_env(tmp_path: Path, **env: str) -> dict[str, str]:
+    trees = fake_trees(tmp_path)
+    return {
+        **os.environ,
+        "GATE_GPUS": "1",
+        "GATE_WORKER_MODULE": "fake_gate_worker",
+        # the stock tree first, as device-env.sh leaves it: the launcher must swap it per run
+        "PYTHONPATH": f"{trees['GATE_VLLM_STOCK']}:{ROOT / 'tests' / 'support'}",
+        "DCP_GIT_REV": "abc123",
+        **trees,
         **env,
-    )
+    }
+
+
+def gate_cmd(*args: str) -> list[str]:
+    return [sys.executable, str(ROOT / "scripts" / "dcp_gate.py"), *args]
+
+
+def run_suite(tmp_path: Path, suite: dict | None = None, **env: str) -> subprocess.CompletedProcess:
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps(SUITE if suite is None else suite))
     return subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "dcp_gate.py"),
+        gate_cmd(
             "suite",
             "--suite",
-            str(suite),
+            str(path),
             "--work",
             str(tmp_path / "work"),
             "--out",
             str(tmp_path / "out"),
             "--deadline-s",
             "60",
-        ],
-        env=full,
+        ),
+        env=gate_env(tmp_path, **env),
         capture_output=True,
         text=True,
         timeout=120,
@@ -363,3 +382,468 @@ def test_the_needle_tops_every_indexer_row_and_draws_attention():
         base["attention_weight_of_key0"]["mean"]
         < 3 * base["attention_weight_of_key0"]["uniform_would_be"]
     )
+
+
+# --- per-run variant, engine extras, the variant verdicts, the lease plan, detached mode ----
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"variant": "nightly"}, "valid: stock, patched"),
+        ({"variant": "patched", "dcp": 1, "engine_extra": {"bogus": 1}}, "valid: dcp_prefill"),
+        (
+            {"variant": "patched", "tp": 2, "dcp": 2, "engine_extra": {"dcp_prefill_route": "x"}},
+            "valid: query, ckv, auto",
+        ),
+        ({"tp": 2, "dcp": 2, "engine_extra": {"dcp_wire_dtype": "fp8"}}, "patched series"),
+        ({"variant": "patched", "engine_extra": {"dcp_comm_ledger_size": 8}}, "dcp >= 2"),
+        (
+            {
+                "variant": "patched",
+                "tp": 2,
+                "dcp": 2,
+                "engine_extra": {"kernel_config": {"sparse_indexer_dcp_merge_backend": "cuda"}},
+            },
+            "valid: auto, cutedsl, triton, torch",
+        ),
+        (
+            {
+                "engine_extra": {
+                    "speculative_config": {"method": "eagle", "num_speculative_tokens": 1}
+                }
+            },
+            "valid: mtp",
+        ),
+        (
+            {
+                "variant": "patched",
+                "engine_extra": {
+                    "speculative_config": {
+                        "method": "mtp",
+                        "num_speculative_tokens": 4,
+                        "adaptive_speculative_tokens": "acceptance",
+                        "adaptive_speculative_tokens_ladder": [2, 4, 5],
+                    }
+                },
+            },
+            "must equal 4",
+        ),
+        ({"backend": "TRITON_MLA_SPARSE_FP8_DS_MLA"}, "only in the patched"),
+    ],
+)
+def test_engine_extra_and_variant_are_validated_strictly(kw, message):
+    with pytest.raises(ValueError, match=message):
+        plan.GateConfig(name="x", model="m", **kw)
+
+
+def test_valid_extras_pass_and_round_trip():
+    cfg = plan.GateConfig(
+        name="x",
+        model="m",
+        tp=2,
+        dcp=2,
+        variant="patched",
+        engine_extra={
+            "dcp_prefill_route": "ckv",
+            "dcp_comm_ledger_size": 16,
+            "speculative_config": {"method": "mtp", "num_speculative_tokens": 2},
+        },
+    )
+    assert cfg.speculative and plan.GateConfig.from_json(cfg.to_json()) == cfg
+    # MTP with a fixed depth exists in stock 0.33 too
+    plan.GateConfig(
+        name="s",
+        model="m",
+        engine_extra={"speculative_config": {"method": "mtp", "num_speculative_tokens": 1}},
+    )
+
+
+def test_worker_merges_the_extras_into_the_engine_arguments():
+    from gate import worker
+
+    cfg = plan.GateConfig(
+        name="x",
+        model="m",
+        tp=2,
+        dcp=2,
+        variant="patched",
+        engine_extra={
+            "dcp_wire_dtype": "fp8",
+            "kernel_config": {"sparse_indexer_dcp_merge_backend": "torch"},
+        },
+    )
+    kw = worker.engine_kwargs(cfg)
+    assert kw["dcp_wire_dtype"] == "fp8" and kw["decode_context_parallel_size"] == 2
+    assert kw["kernel_config"] == {"sparse_indexer_dcp_merge_backend": "torch"}
+    assert kw["distributed_executor_backend"] == "external_launcher"
+
+
+def test_each_variant_puts_its_own_tree_first_on_the_path():
+    env = {"HOME": "/h", "PYTHONPATH": "/h/gpu-vllm:/h/gpu-deps/site:/x"}
+    assert plan.variant_pythonpath("patched", env) == "/h/gpu-vllm-patched:/h/gpu-deps/site:/x"
+    assert plan.variant_pythonpath("stock", env) == "/h/gpu-vllm:/h/gpu-deps/site:/x"
+    env2 = {"GPU_ROOT": "/g", "PYTHONPATH": "/g/gpu-vllm-patched"}
+    assert plan.variant_pythonpath("stock", env2) == "/g/gpu-vllm"
+    with pytest.raises(ValueError, match="valid"):
+        plan.vllm_tree("other", env)
+
+
+def test_lighter_prompt_sets_get_the_same_prompts():
+    full = plan.make_prompts(plan.GateConfig(name="a", model="m"))
+    light = plan.make_prompts(plan.GateConfig(name="b", model="m", lens=(1024, 8192)))
+    assert all(full[k] == v for k, v in light.items()) and "single/32000" not in light
+
+
+def test_every_named_suite_is_valid_and_the_lease_runs_warmups_first():
+    from gate import plans
+
+    for name, suite in plans.SUITES.items():
+        names = {r["name"] for r in suite["runs"]}
+        for r in suite["runs"]:
+            plan.GateConfig.from_json({**r, "model": "m"})
+        for gate, spec in suite["gates"].items():
+            import dcp_gate
+
+            ref, cand, kind = dcp_gate.gate_spec(spec)
+            assert kind in verdict.GATE_KINDS, gate
+            everything = {r["name"] for s in plans.SUITES.values() for r in s["runs"]}
+            assert {ref, cand} <= everything, (name, gate)
+        assert names
+    lease = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE])
+    warm = [r.get("warmup", False) for r in lease["runs"]]
+    assert warm[:4] == [True] * 4 and not any(warm[4:])
+    order = [r["name"] for r in lease["runs"]]
+    # priority: stock needle rows, then the series' backend, before the graphs rows
+    assert order.index("glmn-tp4-dcp2") < order.index("p-glmn-tp2-dcp2")
+    assert order.index("p-glmn-tp2-dcp2-mtp5") < order.index("glmn-tp4-dcp2-graphs")
+    kinds = {dcp_gate.gate_spec(s)[2] for s in lease["gates"].values()}
+    assert kinds == set(verdict.GATE_KINDS)
+
+
+def _runs(cfg_extra: dict | None = None, **passes: dict) -> dict:
+    run = run_of(REF, **passes)
+    run["config"] = {"lens": [8], "batch_lens": [], **(cfg_extra or {})}
+    return run
+
+
+def _gate(ref: dict, cand: dict, kind: str, floor: float = 0.001) -> dict:
+    tol = verdict.derive_tolerance({"n": floor})
+    sens = {"sufficient": True, "min_first_step_max_abs_logprob_diff": 10.0}
+    res = verdict.gate_result("g", ref, cand, tol, {"max_abs_logprob_diff": floor}, sens, kind)
+    assert verdict.validate(res) == []
+    json.dumps(res, allow_nan=False)
+    return res
+
+
+def test_spec_gate_needs_every_token_exact():
+    ref = _runs()
+    good = _runs(fault={"single/8": shifted(REF, 0.5)})
+    res = _gate(ref, good, "spec")
+    assert res["equivalent"] and res["spec"]["tokens_exact"]["all_exact"]
+    assert res["negative_control_detected"] and "draft" in res["negative_control"]["applies"]
+    flipped = copy.deepcopy(REF)
+    flipped["tokens"][-1] += 1  # one differing token at the last step: no near-tie excuse
+    bad = _runs(fault={"single/8": shifted(REF, 0.5)})
+    bad["passes"]["clean"]["single/8"] = flipped
+    res = _gate(ref, bad, "spec")
+    assert not res["equivalent"] and not res["spec"]["tokens_exact"]["all_exact"]
+
+
+def test_route_pair_fails_past_the_tolerance():
+    ref = _runs()
+    res = _gate(ref, _runs(clean={"single/8": shifted(REF, 0.0005)}), "dcp_pair")
+    assert res["equivalent"] and res["gate_kind"] == "dcp_pair"
+    res = _gate(ref, _runs(clean={"single/8": shifted(REF, 0.05)}), "dcp_pair")
+    assert not res["equivalent"]
+
+
+def test_wire_gate_reports_its_own_tolerance_and_never_borrows_the_bf16_one():
+    ref = _runs()
+    lossy = _runs(clean={"single/8": shifted(REF, 0.01)}, fault={"single/8": shifted(REF, 0.5)})
+    res = _gate(ref, lossy, "wire", floor=0.001)
+    wire = res["wire"]
+    assert not res["equivalent"] and not wire["within_bf16_tolerance"]
+    assert wire["equivalent_under_wire_tolerance"]  # 0.01 <= 16 x 0.001
+    assert wire["ratio_to_noise_floor"] == pytest.approx(10.0)
+    assert res["negative_control_detected"]
+    far = _runs(clean={"single/8": shifted(REF, 0.05)})
+    assert not _gate(ref, far, "wire")["wire"]["equivalent_under_wire_tolerance"]
+
+
+def test_a_light_candidate_is_compared_on_what_it_served_and_must_serve_it_all():
+    ref = _runs({"lens": [8, 16]})
+    ref["passes"]["clean"]["single/16"] = copy.deepcopy(REF) | {"prompt_sha256": "x"}
+    cand = _runs({"lens": [8]})
+    assert _gate(ref, cand, "dcp")["equivalent"]
+    hollow = _runs({"lens": [8]})
+    hollow["passes"]["clean"] = {}
+    assert not _gate(ref, hollow, "dcp")["equivalent"]
+    with pytest.raises(ValueError, match="valid"):
+        _gate(ref, cand, "nonsense")
+
+
+def test_ledger_totals_per_rank_and_whether_the_ranks_agree():
+    def ledger(rank, nbytes):
+        return {
+            "rank": rank,
+            "passes": {
+                "clean": {"armed": True, "layers": {"l0": {"q_gather": {"wire_bytes": nbytes}}}}
+            },
+        }
+
+    run = {"ledger": [ledger(0, 100), ledger(1, 100)]}
+    got = verdict.ledger_totals(run)["clean"]
+    assert got["ranks_agree"] and got["ranks"]["1"]["wire_bytes_by_phase"] == {"q_gather": 100}
+    assert "emulation" in got["time_label"]
+    assert not verdict.ledger_totals({"ledger": [ledger(0, 100), ledger(1, 99)]})["clean"][
+        "ranks_agree"
+    ]
+
+
+def _variant_suite() -> dict:
+    light = {"lens": [64], "batch_lens": [16, 32], "model": "M/f"}
+    runs = [
+        dict(SUITE["runs"][0], variant="patched"),
+        dict(SUITE["runs"][1], variant="patched", passes=["clean", "repeat"]),
+        dict(
+            SUITE["runs"][2],
+            variant="patched",
+            engine_extra={"dcp_comm_ledger_size": 4},
+            passes=["clean", "repeat", "fault"],
+        ),
+    ]
+    for name, extra in (
+        ("f-ckv", {"dcp_prefill_route": "ckv", "dcp_comm_ledger_size": 4}),
+        ("f-fp8", {"dcp_wire_dtype": "fp8", "dcp_comm_ledger_size": 4}),
+        ("f-mtp2", {"speculative_config": {"method": "mtp", "num_speculative_tokens": 2}}),
+    ):
+        runs.append(
+            {
+                "name": name,
+                "tp": 2,
+                "dcp": 2,
+                "variant": "patched",
+                "passes": ["clean", "fault"],
+                "engine_extra": extra,
+                **light,
+            }
+        )
+    runs.append({"name": "f-stock-dcp2", "tp": 2, "dcp": 2, "passes": ["clean", "fault"], **light})
+    return {
+        "checkpoints": {},
+        "runs": runs,
+        "noise": {k: ["f/patched", *v[1:]] for k, v in SUITE["noise"].items()},
+        "gates": {
+            "f-dcp2": {"ref": "f-tp2", "cand": "f-tp2-dcp2", "noise": "f/patched"},
+            "f-ckv-vs-query": {
+                "ref": "f-tp2-dcp2",
+                "cand": "f-ckv",
+                "kind": "dcp_pair",
+                "noise": "f/patched",
+            },
+            "f-fp8-vs-auto": {
+                "ref": "f-tp2-dcp2",
+                "cand": "f-fp8",
+                "kind": "wire",
+                "noise": "f/patched",
+            },
+            "f-mtp2-vs-nospec": {
+                "ref": "f-tp2-dcp2",
+                "cand": "f-mtp2",
+                "kind": "spec",
+                "noise": "f/patched",
+            },
+            "f-stock-vs-patched": {
+                "ref": "f-tp2-dcp2",
+                "cand": "f-stock-dcp2",
+                "kind": "dcp_pair",
+                "noise": "f/patched",
+            },
+        },
+    }
+
+
+def _gate_file(tmp_path: Path, name: str) -> dict:
+    return json.loads((tmp_path / "out" / f"dcp-gate-{name}.json").read_text())
+
+
+def test_stock_and_patched_runs_share_one_wave_each_from_its_own_tree(tmp_path: Path):
+    proc = run_suite(tmp_path, _variant_suite(), GATE_FAKE_WIRE_NOISE="0.01")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = tmp_path / "work" / "runs"
+    patched = json.loads((runs / "f-ckv.json").read_text())
+    stock = json.loads((runs / "f-stock-dcp2.json").read_text())
+    assert patched["ok"] and stock["ok"]
+    assert patched["base"]["variant"] == "patched" and patched["base"]["vllm"] == "fake-patched"
+    assert stock["base"]["vllm"] == "fake-stock" and "tree-stock" in stock["base"]["vllm_path"]
+    assert patched["rank_env"][0]["PYTHONPATH"].split(":")[0].endswith("tree-patched")
+    assert "overlay_manifest_sha256" in patched["base"]  # None here: no overlay carried
+    for name in ("f-dcp2", "f-ckv-vs-query", "f-fp8-vs-auto", "f-mtp2-vs-nospec"):
+        g = _gate_file(tmp_path, name)
+        assert verdict.validate(g) == [] and g["negative_control_detected"], name
+    assert _gate_file(tmp_path, "f-ckv-vs-query")["equivalent"]
+    assert _gate_file(tmp_path, "f-ckv-vs-query")["ledger"]["candidate"]["clean"]["ranks_agree"]
+    wire = _gate_file(tmp_path, "f-fp8-vs-auto")
+    assert wire["wire"]["ratio_to_noise_floor"] > 1 and not wire["wire"]["within_bf16_tolerance"]
+    spec = _gate_file(tmp_path, "f-mtp2-vs-nospec")
+    assert spec["equivalent"] and spec["spec"]["acceptance"]["clean"]["depths"] == [2, 2]
+    assert spec["spec"]["reference_repeat_tokens_exact"] is True
+
+
+def test_one_flipped_speculative_token_fails_the_spec_gate(tmp_path: Path):
+    proc = run_suite(tmp_path, _variant_suite(), GATE_FAKE_FLIP="f-mtp2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    spec = _gate_file(tmp_path, "f-mtp2-vs-nospec")
+    assert not spec["equivalent"] and not spec["spec"]["tokens_exact"]["all_exact"]
+
+
+def test_a_route_shifted_past_the_tolerance_fails(tmp_path: Path):
+    proc = run_suite(tmp_path, _variant_suite(), GATE_FAKE_SHIFT="f-ckv:0.5")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not _gate_file(tmp_path, "f-ckv-vs-query")["equivalent"]
+
+
+def test_a_missing_variant_tree_is_a_failed_run_never_the_other_tree(tmp_path: Path):
+    env = {"GATE_VLLM_PATCHED": str(tmp_path / "nowhere")}
+    proc = run_suite(tmp_path, _variant_suite(), **env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rec = json.loads((tmp_path / "work" / "runs" / "f-ckv.json").read_text())
+    assert not rec["ok"] and "does not exist" in rec["error"]
+    assert json.loads((tmp_path / "work" / "runs" / "f-stock-dcp2.json").read_text())["ok"]
+
+
+def test_detached_start_wait_collect(tmp_path: Path):
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps(SUITE))
+    env = gate_env(tmp_path, GATE_FAKE_SLEEP="2")
+    work = tmp_path / "work"
+    start = gate_cmd("start", "--suite", str(suite), "--work", str(work), "--deadline-s", "60")
+    first = subprocess.run(start, env=env, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    again = subprocess.run(start, env=env, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "already runs" in again.stdout
+    dest = tmp_path / "dest"
+    wait = subprocess.run(
+        gate_cmd("wait", "--work", str(work), "--seconds", "90", "--dest", str(dest)),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert wait.returncode == 0, wait.stdout + wait.stderr
+    assert "GATE f-dcp2" in wait.stdout and "f-tp2-dcp2: ok=True" in wait.stdout
+    assert (dest / "results" / "dcp-gate-f-dcp2.json").is_file()
+    assert (dest / "runs" / "f-tp1.json").is_file() and (dest / "rank-logs.tgz").is_file()
+    # a second start resumes: every run is reused, nothing reruns
+    subprocess.run(start, env=env, capture_output=True, text=True, timeout=60, check=True)
+    subprocess.run(
+        gate_cmd("wait", "--work", str(work), "--seconds", "60"),
+        env=env,
+        capture_output=True,
+        timeout=90,
+        check=True,
+    )
+    assert (work / "daemon.log").read_text().count("reusing") == 3
+    # the lease's end never moves later when the suite is started again
+    end = float((work / "deadline_epoch").read_text())
+    later = [*start[:-1], "9999"]
+    subprocess.run(later, env=env, capture_output=True, text=True, timeout=60, check=True)
+    assert float((work / "deadline_epoch").read_text()) == end
+
+
+def test_wait_times_out_and_reports_a_killed_suite(tmp_path: Path):
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps(SUITE))
+    env = gate_env(tmp_path, GATE_FAKE_SLEEP="30")
+    work = tmp_path / "work"
+    subprocess.run(
+        gate_cmd("start", "--suite", str(suite), "--work", str(work)),
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    short = subprocess.run(
+        gate_cmd("wait", "--work", str(work), "--seconds", "8"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert short.returncode == 3, short.stdout
+    pid = json.loads((work / "daemon.pid").read_text())["pid"]
+    os.killpg(pid, 9)
+    gone = subprocess.run(
+        gate_cmd("wait", "--work", str(work), "--seconds", "20"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert gone.returncode == 4, gone.stdout
+    # started again: the orphaned ranks of the killed suite are ended, the suite resumes
+    fast = gate_env(tmp_path, GATE_FAKE_SLEEP="0")
+    subprocess.run(
+        gate_cmd("start", "--suite", str(suite), "--work", str(work)),
+        env=fast,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    done = subprocess.run(
+        gate_cmd("wait", "--work", str(work), "--seconds", "60"),
+        env=fast,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stdout
+    log = (work / "daemon.log").read_text()
+    assert "ended rank processes a killed suite left" in log
+    killed = [json.loads(x) for x in (work / "killed.jsonl").read_text().splitlines()]
+    assert {k["name"] for k in killed} <= {r["name"] for r in SUITE["runs"]} and killed
+    assert not list((work / "ranks").glob("*.pgids"))
+
+
+def test_the_deadline_kills_and_records_timed_out_and_unstarted_runs(tmp_path: Path):
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps(SUITE))
+    proc = subprocess.run(
+        gate_cmd(
+            "suite",
+            "--suite",
+            str(path),
+            "--work",
+            str(tmp_path / "work"),
+            "--out",
+            str(tmp_path / "out"),
+            "--deadline-s",
+            "4",
+            "--max-ranks",
+            "1",
+        ),
+        env=gate_env(tmp_path, GATE_FAKE_SLEEP="30"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = tmp_path / "work" / "runs"
+    killed = json.loads((runs / "f-tp1.json").read_text())
+    assert not killed["ok"] and killed["timed_out"] and "timed out" in killed["error"]
+    unstarted = json.loads((runs / "f-tp2-dcp2.json").read_text())
+    assert not unstarted["ok"] and unstarted["not_started"]
+    assert not (tmp_path / "out" / "dcp-gate-f-dcp2.json").exists()  # no tolerance: no verdict
+
+
+def test_warmup_runs_start_first_and_the_rest_wait_for_their_engines(tmp_path: Path):
+    suite = copy.deepcopy(SUITE)
+    suite["runs"][0]["warmup"] = True  # f-tp1
+    proc = run_suite(tmp_path, suite, GATE_FAKE_SLEEP="2", GATE_FAKE_PASS_SLEEP="2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "work" / "runs").glob("*")}
+    warm = runs["f-tp1"]["started_at"]
+    later = [runs[n]["started_at"] for n in ("f-tp2", "f-tp2-dcp2")]
+    # started once the warm-up engine was up (~2 s), before the warm-up run ended (~4 s)
+    assert all(warm + 1.5 <= t < warm + runs["f-tp1"]["wall_s"] for t in later), (warm, later)

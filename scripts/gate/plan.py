@@ -22,6 +22,114 @@ PERTURB_POSITION = 5
 PASSES = ("clean", "repeat", "sensitivity", "fault")
 TRANSPORT_EMULATED = "one-GPU emulation (socket transport)"
 TRANSPORT_NATIVE = "one rank per GPU (NCCL's own transport)"
+VARIANTS = ("stock", "patched")
+# engine_extra: what the series adds to EngineArgs (patched only) and MTP (both trees).
+PREFILL_ROUTES = ("query", "ckv", "auto")
+WIRE_DTYPES = ("auto", "fp8")
+MERGE_BACKENDS = ("auto", "cutedsl", "triton", "torch")
+ENGINE_EXTRA_KEYS = (
+    "dcp_prefill_route",
+    "dcp_wire_dtype",
+    "dcp_comm_ledger_size",
+    "kernel_config",
+    "speculative_config",
+)
+KERNEL_CONFIG_KEYS = ("sparse_indexer_dcp_merge_backend",)
+SPEC_KEYS = (
+    "method",
+    "num_speculative_tokens",
+    "adaptive_speculative_tokens",
+    "adaptive_speculative_tokens_ladder",
+    "adaptive_speculative_tokens_window",
+)
+ADAPTIVE_MODES = ("off", "acceptance")
+PATCHED_ONLY_BACKENDS = ("TRITON_MLA_SPARSE_FP8_DS_MLA",)
+
+
+def engine_extra_problems(extra: dict[str, Any], variant: str, dcp: int) -> list[str]:
+    """What is wrong with a run's engine_extra (merged into LLM(**kwargs)): unknown keys or
+    values name the valid ones; the series' fields need the patched tree."""
+    out = []
+    if not isinstance(extra, dict):
+        return [f"engine_extra must be a dict, got {type(extra).__name__}"]
+    unknown = sorted(set(extra) - set(ENGINE_EXTRA_KEYS))
+    if unknown:
+        out.append(f"unknown engine_extra keys {unknown}; valid: {', '.join(ENGINE_EXTRA_KEYS)}")
+    series = []
+    route = extra.get("dcp_prefill_route", "query")
+    if route not in PREFILL_ROUTES:
+        out.append(f"dcp_prefill_route {route!r}; valid: {', '.join(PREFILL_ROUTES)}")
+    if "dcp_prefill_route" in extra:
+        series.append("dcp_prefill_route")
+    wire = extra.get("dcp_wire_dtype", "auto")
+    if wire not in WIRE_DTYPES:
+        out.append(f"dcp_wire_dtype {wire!r}; valid: {', '.join(WIRE_DTYPES)}")
+    if "dcp_wire_dtype" in extra:
+        series.append("dcp_wire_dtype")
+    ledger = extra.get("dcp_comm_ledger_size", 0)
+    if isinstance(ledger, bool) or not isinstance(ledger, int) or ledger < 0:
+        out.append(f"dcp_comm_ledger_size must be an int >= 0, got {ledger!r}")
+    if "dcp_comm_ledger_size" in extra:
+        series.append("dcp_comm_ledger_size")
+    if (route != "query" or wire != "auto" or (isinstance(ledger, int) and ledger > 0)) and (
+        dcp < 2
+    ):
+        out.append("dcp_prefill_route, dcp_wire_dtype and the ledger need dcp >= 2")
+    kc = extra.get("kernel_config", {})
+    if not isinstance(kc, dict):
+        out.append("kernel_config must be a dict")
+    else:
+        bad = sorted(set(kc) - set(KERNEL_CONFIG_KEYS))
+        if bad:
+            out.append(f"unknown kernel_config keys {bad}; valid: {', '.join(KERNEL_CONFIG_KEYS)}")
+        mb = kc.get("sparse_indexer_dcp_merge_backend", "auto")
+        if mb not in MERGE_BACKENDS:
+            out.append(
+                f"sparse_indexer_dcp_merge_backend {mb!r}; valid: {', '.join(MERGE_BACKENDS)}"
+            )
+        if "sparse_indexer_dcp_merge_backend" in kc:
+            series.append("kernel_config.sparse_indexer_dcp_merge_backend")
+    spec = extra.get("speculative_config")
+    if spec is not None:
+        out += _spec_problems(spec, series)
+    if series and variant != "patched":
+        out.append(f"{', '.join(series)} exist only in the patched series: set variant='patched'")
+    return out
+
+
+def _spec_problems(spec: Any, series: list[str]) -> list[str]:
+    if not isinstance(spec, dict):
+        return ["speculative_config must be a dict"]
+    out = []
+    bad = sorted(set(spec) - set(SPEC_KEYS))
+    if bad:
+        out.append(f"unknown speculative_config keys {bad}; valid: {', '.join(SPEC_KEYS)}")
+    if spec.get("method") != "mtp":
+        out.append(f"speculative_config.method {spec.get('method')!r}; valid: mtp")
+    k = spec.get("num_speculative_tokens")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        out.append(f"num_speculative_tokens must be an int >= 1, got {k!r}")
+        k = None
+    mode = spec.get("adaptive_speculative_tokens", "off")
+    if mode not in ADAPTIVE_MODES:
+        out.append(f"adaptive_speculative_tokens {mode!r}; valid: {', '.join(ADAPTIVE_MODES)}")
+    if "adaptive_speculative_tokens" in spec:
+        series.append("speculative_config.adaptive_speculative_tokens")
+    ladder = spec.get("adaptive_speculative_tokens_ladder")
+    if ladder is not None:
+        if mode != "acceptance":
+            out.append("adaptive_speculative_tokens_ladder needs adaptive='acceptance'")
+        ok = (
+            isinstance(ladder, list)
+            and ladder
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in ladder)
+            and all(a < b for a, b in zip(ladder, ladder[1:], strict=False))
+        )
+        if not ok:
+            out.append(f"the ladder must be strictly increasing ints >= 1, got {ladder!r}")
+        elif k is not None and ladder[-1] != k:
+            out.append(f"the ladder's largest depth {ladder[-1]} must equal {k}")
+    return out
 
 
 @dataclasses.dataclass
@@ -49,6 +157,9 @@ class GateConfig:
     seed: int = 0
     env: dict[str, str] = dataclasses.field(default_factory=dict)  # extra rank environment
     needle: int = -1  # a needle checkpoint's token id, put at PERTURB_POSITION of every prompt
+    variant: str = "stock"  # which vLLM tree the ranks import (VARIANTS)
+    engine_extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # into LLM(**kw)
+    warmup: bool = False  # later runs of the queue wait until this one's engine is up
 
     def __post_init__(self) -> None:
         self.passes = tuple(self.passes)
@@ -79,7 +190,18 @@ class GateConfig:
             out.append(f"prompts must be longer than the perturbed position {PERTURB_POSITION}")
         if self.needle != -1 and not PROMPT_ID_RANGE[0] <= self.needle < PROMPT_ID_RANGE[1]:
             out.append(f"needle {self.needle} is outside the prompt id range {PROMPT_ID_RANGE}")
+        if self.variant not in VARIANTS:
+            out.append(f"unknown variant {self.variant!r}; valid: {', '.join(VARIANTS)}")
+        out += engine_extra_problems(self.engine_extra, self.variant, self.dcp)
+        if self.backend in PATCHED_ONLY_BACKENDS and self.variant != "patched":
+            out.append(f"backend {self.backend} exists only in the patched series")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
+            out.append("env must map str to str")
         return out
+
+    @property
+    def speculative(self) -> bool:
+        return self.engine_extra.get("speculative_config") is not None
 
     @property
     def world_size(self) -> int:
@@ -93,16 +215,19 @@ class GateConfig:
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - fields
         if unknown:
-            raise ValueError(f"unknown gate config keys {sorted(unknown)}")
+            raise ValueError(
+                f"unknown gate config keys {sorted(unknown)}; valid: {', '.join(sorted(fields))}"
+            )
         return cls(**d)
 
 
 def make_prompts(cfg: GateConfig) -> dict[str, list[int]]:
     """The seeded prompts of every run of this seed: key -> token ids. With a needle
     checkpoint every prompt carries the needle at PERTURB_POSITION (and nowhere else)."""
-    rng = random.Random(cfg.seed)
 
-    def draw(n: int) -> list[int]:
+    def draw(key: str, n: int) -> list[int]:
+        # one stream per prompt key: a run with fewer prompts gets the same ones
+        rng = random.Random(f"{cfg.seed}/{key}")
         ids = [rng.randrange(*PROMPT_ID_RANGE) for _ in range(n)]
         if cfg.needle != -1:
             ids = [x if x != cfg.needle else x + 1 for x in ids]
@@ -111,9 +236,9 @@ def make_prompts(cfg: GateConfig) -> dict[str, list[int]]:
 
     out = {}
     for n in cfg.lens:
-        out[f"single/{n}"] = draw(n)
+        out[f"single/{n}"] = draw(f"single/{n}", n)
     for i, n in enumerate(cfg.batch_lens):
-        out[f"batch/{i}/{n}"] = draw(n)
+        out[f"batch/{i}/{n}"] = draw(f"batch/{i}/{n}", n)
     return out
 
 
@@ -197,6 +322,26 @@ def rank_envs(world: int, gpus: int, port: int, tag: str) -> list[dict[str, str]
                 }
         envs.append(env)
     return envs
+
+
+def vllm_tree(variant: str, environ: dict[str, str]) -> str:
+    """The vLLM tree a variant's ranks import: $GATE_VLLM_STOCK / $GATE_VLLM_PATCHED, else
+    what .gpu/device-env.sh stages (${GPU_ROOT:-$HOME}/gpu-vllm, .../gpu-vllm-patched)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
+    explicit = environ.get(f"GATE_VLLM_{variant.upper()}")
+    if explicit:
+        return explicit
+    root = environ.get("GPU_ROOT") or environ.get("HOME", "/root")
+    return f"{root}/gpu-vllm" + ("-patched" if variant == "patched" else "")
+
+
+def variant_pythonpath(variant: str, environ: dict[str, str]) -> str:
+    """PYTHONPATH for a rank of this variant: its tree first, the other variant's tree
+    removed, everything else (dependencies, the worker's helpers) kept in order."""
+    trees = {vllm_tree(v, environ).rstrip("/") for v in VARIANTS}
+    keep = [p for p in environ.get("PYTHONPATH", "").split(":") if p and p.rstrip("/") not in trees]
+    return ":".join([vllm_tree(variant, environ), *keep])
 
 
 def transport(world: int, gpus: int) -> str:

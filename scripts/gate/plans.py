@@ -17,6 +17,14 @@ also fit the envelope and is not in a suite yet).
 ``stock-eager`` (the chaotic high-gain GLM checkpoint) and ``survey-20261201.json`` are the
 suites that produced the 2026-12-01 files; ``needle-eager`` and ``needle-graphs`` run the
 needle checkpoints, which design/dcp-gates.md says why.
+
+The patched series' rows (every run ``variant="patched"``: the launcher puts
+~/gpu-vllm-patched first on its ranks' PYTHONPATH) are ``patched-matrix`` (the series'
+Triton backend, FlashMLA-sparse with 32 local heads, FlashAttention-sparse on a bf16 cache,
+each DCP=2 vs DCP=1 at TP=2), ``patched-variants`` (top-k merge backends, packed-CKV route,
+fp8 wire with the ledger on, MTP k=1/2/4/5/adaptive, all at DCP=2), ``patched-dcp4``,
+``patched-graphs`` and ``patched-dcp4-extras``. ``LEASE`` lists every suite in priority order
+(``--suites lease``): a deadline cuts the end of that queue.
 """
 
 from __future__ import annotations
@@ -108,8 +116,8 @@ NEEDLE_CKPTS = {"glmn": ["--arch", "glm", *NEEDLE_ARGS], "v32n": ["--arch", "v32
 def _needle_suite(graphs: bool) -> dict[str, Any]:
     tag = "-graphs" if graphs else ""
     runs = [
-        _run("glmn-tp1-dcp1", "glmn", 1, 1, ["clean", "repeat", "sensitivity"]),
-        _run("glmn-tp2-dcp1", "glmn", 2, 1, ["clean"]),
+        _run("glmn-tp1-dcp1", "glmn", 1, 1, ["clean", "repeat", "sensitivity"], warmup=True),
+        _run("glmn-tp2-dcp1", "glmn", 2, 1, ["clean"], warmup=True),
         _run(f"glmn-tp4-dcp1{tag}", "glmn", 4, 1, ["clean", "repeat", "sensitivity"], graphs),
         _run(f"glmn-tp4-dcp2{tag}", "glmn", 4, 2, ["clean", "fault"], graphs),
         _run(f"glmn-tp4-dcp4{tag}", "glmn", 4, 4, ["clean", "fault"], graphs),
@@ -135,19 +143,268 @@ def _needle_suite(graphs: bool) -> dict[str, Any]:
     }
 
 
+# --- the patched series (VARIANT patched: ~/gpu-vllm-patched) on the needle checkpoint -------
+# GLM at TP=2: 32 local heads, the case stock FlashMLA-sparse refuses under DCP. Every patched
+# run asks for Model Runner V2 explicitly (0.33's default for these configurations; the
+# adaptive depth refuses V1), so speculative and non-speculative runs share the runner.
+TRITON = {"backend": "TRITON_MLA_SPARSE_FP8_DS_MLA", "kv_cache_dtype": "fp8_ds_mla"}
+PATCHED_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "1"}
+# Variant rows (merge backends, routes, wire, MTP depths) serve a lighter pass set: the 1k
+# and 8k singles and the batch, clean and fault; the first-priority rows keep 1k/8k/32k.
+LIGHT = {"lens": [1024, 8192]}
+LEDGER = {"dcp_comm_ledger_size": 64}
+PATCHED_NOISE = "glmn/patched"
+
+
+def _p(
+    name: str, tp: int, dcp: int, passes: list[str], extra: dict | None = None, **kw: Any
+) -> dict[str, Any]:
+    run = _run(name, "glmn", tp, dcp, passes, **{**TRITON, **kw})
+    run["variant"] = "patched"
+    run["env"] = {**PATCHED_ENV, **run.get("env", {})}
+    if extra:
+        run["engine_extra"] = extra
+    return run
+
+
+def _mtp(k: int | str) -> dict[str, Any]:
+    if k == "adaptive":
+        return {
+            "method": "mtp",
+            "num_speculative_tokens": 5,
+            "adaptive_speculative_tokens": "acceptance",
+            "adaptive_speculative_tokens_ladder": [2, 4, 5],
+        }
+    return {"method": "mtp", "num_speculative_tokens": int(k)}
+
+
+def _patched_noise(pairs: dict[str, list[str]]) -> dict[str, list]:
+    return {f"{PATCHED_NOISE}: {label}": [PATCHED_NOISE, *v] for label, v in pairs.items()}
+
+
+PATCHED_MATRIX: dict[str, Any] = {
+    "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
+    "runs": [
+        _p("p-glmn-tp1-dcp1", 1, 1, ["clean", "repeat", "sensitivity"], warmup=True),
+        _p("p-glmn-tp2-dcp1", 2, 1, ["clean", "repeat"], warmup=True),
+        # (2) the series' Triton backend; its DCP=2 run is also the reference of the
+        # route, wire and MTP rows (ledger on, repeat pass: token-exactness run to run)
+        _p("p-glmn-tp2-dcp2", 2, 2, ["clean", "repeat", "fault"], LEDGER),
+        # (3) FlashMLA-sparse with 32 local heads under DCP (stock refuses it)
+        _p("p-glmn-tp2-dcp1-flashmla", 2, 1, ["clean", "repeat"], **FLASHMLA),
+        _p("p-glmn-tp2-dcp2-flashmla", 2, 2, ["clean", "fault"], **FLASHMLA),
+        # (4) FlashAttention MLA-sparse on a bf16 cache
+        _p(
+            "p-glmn-tp2-dcp1-fa",
+            2,
+            1,
+            ["clean", "repeat"],
+            backend="FLASH_ATTN_MLA_SPARSE",
+            kv_cache_dtype="auto",
+        ),
+        _p(
+            "p-glmn-tp2-dcp2-fa",
+            2,
+            2,
+            ["clean", "fault"],
+            backend="FLASH_ATTN_MLA_SPARSE",
+            kv_cache_dtype="auto",
+        ),
+    ],
+    "noise": _patched_noise(
+        {
+            "TP=2 DCP=1 vs TP=1 (Triton)": ["p-glmn-tp1-dcp1", "p-glmn-tp2-dcp1", "clean", "clean"],
+            "TP=1 repeated": ["p-glmn-tp1-dcp1", "p-glmn-tp1-dcp1", "clean", "repeat"],
+            "TP=2 repeated": ["p-glmn-tp2-dcp1", "p-glmn-tp2-dcp1", "clean", "repeat"],
+            "TP=2 DCP=2 repeated": ["p-glmn-tp2-dcp2", "p-glmn-tp2-dcp2", "clean", "repeat"],
+            "FlashMLA TP=2 repeated": [
+                "p-glmn-tp2-dcp1-flashmla",
+                "p-glmn-tp2-dcp1-flashmla",
+                "clean",
+                "repeat",
+            ],
+            "FA bf16 TP=2 repeated": [
+                "p-glmn-tp2-dcp1-fa",
+                "p-glmn-tp2-dcp1-fa",
+                "clean",
+                "repeat",
+            ],
+        }
+    ),
+    "gates": {
+        "p-glmn-tp2-dcp2-triton_mla_sparse_fp8_ds_mla": {
+            "ref": "p-glmn-tp2-dcp1",
+            "cand": "p-glmn-tp2-dcp2",
+            "noise": PATCHED_NOISE,
+        },
+        "p-glmn-tp2-dcp2-flashmla_sparse": {
+            "ref": "p-glmn-tp2-dcp1-flashmla",
+            "cand": "p-glmn-tp2-dcp2-flashmla",
+            "noise": PATCHED_NOISE,
+        },
+        "p-glmn-tp2-dcp2-flash_attn_mla_sparse-bf16": {
+            "ref": "p-glmn-tp2-dcp1-fa",
+            "cand": "p-glmn-tp2-dcp2-fa",
+            "noise": PATCHED_NOISE,
+        },
+    },
+}
+
+
+def _variant_rows(tp: int, dcp: int, merges: list[str], mtps: list, routes: bool) -> dict:
+    """Merge backends, routes + wire (ledger on), MTP depths at TP=tp DCP=dcp, each against
+    the Triton DCP=1 reference (kind dcp) and, where it is a variant of the DCP run, against
+    that run (dcp_pair / wire / spec)."""
+    base = f"p-glmn-tp{tp}-dcp{dcp}"
+    ref1 = f"p-glmn-tp{tp}-dcp1"
+    runs, gates = [], {}
+    fault = ["clean", "fault"]
+    for m in merges:
+        name = f"{base}-merge-{m}"
+        extra = {"kernel_config": {"sparse_indexer_dcp_merge_backend": m}}
+        runs.append(_p(name, tp, dcp, fault, extra, **LIGHT))
+        gates[name] = {"ref": ref1, "cand": name, "noise": PATCHED_NOISE}
+        gates[f"{name}-vs-auto"] = {
+            "ref": base,
+            "cand": name,
+            "kind": "dcp_pair",
+            "noise": PATCHED_NOISE,
+        }
+    if routes:
+        ckv, fp8 = f"{base}-ckv", f"{base}-fp8wire"
+        runs.append(_p(ckv, tp, dcp, fault, {**LEDGER, "dcp_prefill_route": "ckv"}, **LIGHT))
+        runs.append(_p(fp8, tp, dcp, fault, {**LEDGER, "dcp_wire_dtype": "fp8"}, **LIGHT))
+        gates[ckv] = {"ref": ref1, "cand": ckv, "noise": PATCHED_NOISE}
+        gates[f"{ckv}-vs-query"] = {
+            "ref": base,
+            "cand": ckv,
+            "kind": "dcp_pair",
+            "noise": PATCHED_NOISE,
+        }
+        gates[f"{fp8}-vs-auto"] = {"ref": base, "cand": fp8, "kind": "wire", "noise": PATCHED_NOISE}
+    for k in mtps:
+        name = f"{base}-mtp{k}"
+        runs.append(_p(name, tp, dcp, fault, {"speculative_config": _mtp(k)}, **LIGHT))
+        gates[f"{name}-vs-nospec"] = {
+            "ref": base,
+            "cand": name,
+            "kind": "spec",
+            "noise": PATCHED_NOISE,
+        }
+    return {"runs": runs, "gates": gates}
+
+
+_V2 = _variant_rows(2, 2, ["cutedsl", "torch", "triton"], [1, 2, 4, 5, "adaptive"], True)
+PATCHED_VARIANTS: dict[str, Any] = {
+    "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
+    # (5) merge backends, (6) routes + wire + ledger, (7) MTP, all at DCP=2
+    "runs": _V2["runs"],
+    "noise": {},
+    "gates": _V2["gates"],
+}
+
+# DCP=4 (TP=4): the route and ledger first (bytes per rank per layer at DCP=4), then the
+# merge backend and MTP extras "if they fit".
+_V4 = _variant_rows(4, 4, ["torch"], [2], True)
+PATCHED_DCP4: dict[str, Any] = {
+    "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
+    "runs": [
+        _p("p-glmn-tp4-dcp1", 4, 1, ["clean", "repeat"], **LIGHT),
+        _p("p-glmn-tp4-dcp4", 4, 4, ["clean", "fault"], LEDGER, **LIGHT),
+        *[r for r in _V4["runs"] if "-merge-" not in r["name"] and "-mtp" not in r["name"]],
+    ],
+    "noise": _patched_noise(
+        {"TP=4 repeated": ["p-glmn-tp4-dcp1", "p-glmn-tp4-dcp1", "clean", "repeat"]}
+    ),
+    "gates": {
+        "p-glmn-tp4-dcp4-triton_mla_sparse_fp8_ds_mla": {
+            "ref": "p-glmn-tp4-dcp1",
+            "cand": "p-glmn-tp4-dcp4",
+            "noise": PATCHED_NOISE,
+        },
+        **{k: v for k, v in _V4["gates"].items() if "-merge-" not in k and "-mtp" not in k},
+    },
+}
+PATCHED_DCP4_EXTRAS: dict[str, Any] = {
+    "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
+    "runs": [r for r in _V4["runs"] if "-merge-" in r["name"] or "-mtp" in r["name"]],
+    "noise": {},
+    "gates": {k: v for k, v in _V4["gates"].items() if "-merge-" in k or "-mtp" in k},
+}
+
+# (8) FULL_AND_PIECEWISE CUDA graphs for the patched Triton backend
+PATCHED_GRAPHS: dict[str, Any] = {
+    "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
+    "runs": [
+        _p("p-glmn-tp2-dcp1-graphs", 2, 1, ["clean", "repeat"], graphs=True),
+        _p("p-glmn-tp2-dcp2-graphs", 2, 2, ["clean", "fault"], graphs=True),
+    ],
+    "noise": _patched_noise(
+        {
+            "TP=2 graphs repeated": [
+                "p-glmn-tp2-dcp1-graphs",
+                "p-glmn-tp2-dcp1-graphs",
+                "clean",
+                "repeat",
+            ]
+        }
+    ),
+    "gates": {
+        "p-glmn-tp2-dcp2-graphs-triton_mla_sparse_fp8_ds_mla": {
+            "ref": "p-glmn-tp2-dcp1-graphs",
+            "cand": "p-glmn-tp2-dcp2-graphs",
+            "noise": PATCHED_NOISE,
+        }
+    },
+}
+
 SUITES = {
     "needle-eager": _needle_suite(False),
+    "patched-matrix": PATCHED_MATRIX,
+    "patched-variants": PATCHED_VARIANTS,
+    "patched-dcp4": PATCHED_DCP4,
     "needle-graphs": _needle_suite(True),
+    "patched-graphs": PATCHED_GRAPHS,
+    "patched-dcp4-extras": PATCHED_DCP4_EXTRAS,
     "stock-eager": STOCK_EAGER,
     "smoke": SMOKE,
 }
+# The one GPU lease, in priority order (what a deadline cuts is the end of this list).
+LEASE = [
+    "needle-eager",
+    "patched-matrix",
+    "patched-variants",
+    "patched-dcp4",
+    "needle-graphs",
+    "patched-graphs",
+    "patched-dcp4-extras",
+]
+
+
+def merge_suites(suites: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several suites as one queue: runs in the given order (first definition of a name
+    wins), warm-up runs moved to the front, checkpoints, noise pairs and gates united."""
+    out: dict[str, Any] = {"checkpoints": {}, "runs": [], "noise": {}, "gates": {}}
+    seen = set()
+    for suite in suites:
+        for k, v in suite.get("checkpoints", {}).items():
+            if out["checkpoints"].setdefault(k, v) != v:
+                raise ValueError(f"checkpoint {k!r} is defined twice, differently")
+        for run in suite.get("runs", []):
+            if run["name"] not in seen:
+                seen.add(run["name"])
+                out["runs"].append(run)
+        out["noise"].update(suite.get("noise", {}))
+        out["gates"].update(suite.get("gates", {}))
+    out["runs"].sort(key=lambda r: not r.get("warmup", False))  # stable: priority kept
+    return out
 
 
 def patched_suite(backend: str, kv_cache_dtype: str | None = "fp8_ds_mla") -> dict[str, Any]:
     """The series' backend on the patched tree, DCP=2 against DCP=1 (GLM at TP=2: 32 local
     heads, the case stock FlashMLA-sparse refuses), plus the reference for the noise floor,
     on the needle checkpoint."""
-    b = {"backend": backend, "kv_cache_dtype": kv_cache_dtype}
+    b = {"backend": backend, "kv_cache_dtype": kv_cache_dtype, "variant": "patched"}
     runs = [
         {**_run("p-glmn-tp1-dcp1", "glmn", 1, 1, ["clean", "repeat", "sensitivity"]), **b},
         {**_run("p-glmn-tp2-dcp1", "glmn", 2, 1, ["clean", "repeat"]), **b},

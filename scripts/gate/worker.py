@@ -142,7 +142,38 @@ def engine_kwargs(cfg: plan.GateConfig) -> dict[str, Any]:
             "cudagraph_mode": "FULL_AND_PIECEWISE",
             "cudagraph_capture_sizes": list(cfg.cudagraph_capture_sizes),
         }
+    for key, value in cfg.engine_extra.items():  # validated by GateConfig (plan.py)
+        if key == "kernel_config" and isinstance(kw.get(key), dict):
+            kw[key] = {**kw[key], **value}
+        else:
+            kw[key] = value
     return kw
+
+
+LEDGER_TIME_LABEL = plan.TRANSPORT_EMULATED
+
+
+def ledger_snapshot(reset: bool = True) -> dict[str, Any] | None:
+    """This rank's DCP communication ledger (the series' dcp_comm_ledger_size > 0): per layer
+    and phase the calls, the exact wire bytes and the CUDA-event times, then reset so the
+    next pass starts at zero. The engine is in-process (external_launcher), so the ledger of
+    this rank's worker is the one vllm.v1.attention.ops.dcp.get_dcp_comm_ledger() returns."""
+    from vllm.v1.attention.ops.dcp import get_dcp_comm_ledger
+
+    ledger = get_dcp_comm_ledger()
+    if ledger is None:
+        return None
+    summary = ledger.summary()
+    if reset:
+        ledger.reset()
+    summary["time_label"] = LEDGER_TIME_LABEL
+    return summary
+
+
+def _spec_tools() -> Any:
+    import mtp_gpu_common  # scripts/: the MTP scripts' metric readers (0.33 get_metrics)
+
+    return mtp_gpu_common
 
 
 def step_records(completion: Any) -> list[dict[str, Any]]:
@@ -179,7 +210,12 @@ def request_timing(out: Any) -> dict[str, Any]:
     return got
 
 
-def run_passes(llm: Any, cfg: plan.GateConfig, log: Any) -> tuple[dict, dict]:
+def run_passes(
+    llm: Any, cfg: plan.GateConfig, log: Any, extras: dict[str, Any] | None = None
+) -> tuple[dict, dict]:
+    """Serve every pass; ``extras`` (when given) gets per pass the ledger summary
+    (``ledger``) and, for a speculative run, the spec-decode counters and depths
+    (``spec``)."""
     from vllm import SamplingParams
 
     params = SamplingParams(
@@ -192,7 +228,15 @@ def run_passes(llm: Any, cfg: plan.GateConfig, log: Any) -> tuple[dict, dict]:
     prompts = plan.make_prompts(cfg)
     passes: dict[str, dict] = {}
     fault_info: dict[str, Any] = {}
+    extras = {} if extras is None else extras
+    ledger_on = cfg.engine_extra.get("dcp_comm_ledger_size", 0) > 0
+    spec_tools = _spec_tools() if cfg.speculative else None
+    depths = spec_tools.record_depths(llm) if spec_tools else None
+    if ledger_on:
+        ledger_snapshot()  # forget the start-up profile run's calls
     for pass_name in cfg.passes:
+        before = spec_tools.spec_metrics(llm) if spec_tools else None
+        depth_mark = len(depths) if depths is not None else 0
         if pass_name == "fault":
             fault_info = set_fault(True, cfg.fault_rank) | {
                 "kind": "one DCP rank's partial output dropped from the LSE merge "
@@ -223,6 +267,14 @@ def run_passes(llm: Any, cfg: plan.GateConfig, log: Any) -> tuple[dict, dict]:
             if pass_name == "fault":
                 set_fault(False, cfg.fault_rank)
         passes[pass_name] = records
+        if ledger_on:
+            extras.setdefault("ledger", {})[pass_name] = ledger_snapshot()
+        if spec_tools:
+            after = spec_tools.spec_metrics(llm)
+            extras.setdefault("spec", {})[pass_name] = {
+                "metrics": spec_tools.metrics_delta(before, after),
+                "depths": None if depths is None else list(depths[depth_mark:]),
+            }
     return passes, fault_info
 
 
@@ -255,8 +307,11 @@ def main(config_path: str, out_dir: str) -> int:
         except AttributeError:
             record["cudagraph_mode"] = None
         record["fault_hook_layers"] = len(_SHIFTS)
-        passes, fault = run_passes(llm, cfg, log)
+        extras: dict[str, Any] = {}
+        passes, fault = run_passes(llm, cfg, log, extras)
         record.update(ok=True, passes=passes if rank == 0 else {}, fault=fault)
+        record["ledger"] = extras.get("ledger")
+        record["spec"] = extras.get("spec") if rank == 0 else None
     except Exception as e:  # recorded: a configuration that fails is evidence too
         record.update(
             ok=False,
