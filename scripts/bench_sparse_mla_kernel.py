@@ -667,7 +667,9 @@ class Bench:
 # ---------------------------------------------------------------------------
 
 # A variant may become the default only if it agrees with FlashMLA at least this well on
-# every row (the 0.26 run measured <= 0.00195 / 0.0005 for the shipped kernel in decode).
+# every row, or within twice the base kernel's own disagreement on that row (the 0.26 run
+# measured <= 0.00195 / 0.0005 for the shipped kernel in decode; one bf16 ulp at 0.5-1 is
+# 0.0039).
 ACC_OUT_TOL = 4e-3
 ACC_LSE_TOL = 1e-3
 
@@ -687,9 +689,12 @@ def _rank(rows: list[dict[str, Any]], rule_of) -> list[dict[str, Any]]:
                 continue
             ratios.setdefault(name, []).append(r["flashmla_graph_us"] / p["graph_us"])
             acc = r["accuracy"].get(p["variant"], {})
+            base = r["accuracy"].get("base", {})
+            out_tol = max(ACC_OUT_TOL, 2 * base.get("maxdiff_out_vs_flashmla", 0.0))
+            lse_tol = max(ACC_LSE_TOL, 2 * base.get("maxdiff_lse_vs_flashmla", 0.0))
             ok = (
-                acc.get("maxdiff_out_vs_flashmla", 1.0) <= ACC_OUT_TOL
-                and acc.get("maxdiff_lse_vs_flashmla", 1.0) <= ACC_LSE_TOL
+                acc.get("maxdiff_out_vs_flashmla", 1.0) <= out_tol
+                and acc.get("maxdiff_lse_vs_flashmla", 1.0) <= lse_tol
             )
             accurate[name] = accurate.get(name, True) and ok
     ranked = [
