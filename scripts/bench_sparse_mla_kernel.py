@@ -78,6 +78,8 @@ VARIANTS: dict[str, dict[str, bool]] = {
 # (block_h, block_n, num_warps, num_stages); the first of each list is today's default
 # on 227 KiB-shared-memory GPUs (_TILINGS_BIG). (16, 64, 8, 2) is the fold variant's
 # tiling without register spills in an offline sm_90 compile (design/triton-sparse-mla.md).
+# Split policies of the kernel (narrowed in main() for a kernel file without them).
+POLICIES: tuple[str, ...] = ("occupancy", "fill")
 TILINGS: dict[int, list[tuple[int, int, int, int]]] = {
     16: [(16, 64, 4, 2), (16, 64, 8, 2), (16, 128, 8, 2)],
     64: [(64, 128, 8, 1), (64, 64, 8, 2), (64, 64, 8, 3)],
@@ -312,7 +314,8 @@ def point_kwargs(variant: str, tiling, splits) -> dict[str, Any]:
         block_h=bh, block_n=bn, num_warps=warps, num_stages=stages, **VARIANTS[variant]
     )
     if isinstance(splits, str):
-        kw["split_policy"] = splits
+        if POLICIES != ("occupancy",):  # a kernel file older than split_policy
+            kw["split_policy"] = splits
     else:
         kw["num_splits"] = splits
     return kw
@@ -456,7 +459,19 @@ class Bench:
             plan.split_len,
         )
         if key in st["seen"]:
-            return st["seen"][key]
+            first = st["seen"][key]
+            if isinstance(splits, str) and first["splits_arg"] != splits:
+                # Same launch under another rule name: recorded (for plan_choice), not re-timed.
+                alias = dict(first, splits_arg=splits, same_launch_as=first["splits_arg"])
+                if not any(
+                    p["variant"] == variant
+                    and p["tiling"] == list(tiling)
+                    and p["splits_arg"] == splits
+                    for p in row["points"]
+                ):
+                    row["points"].append(alias)
+                return alias
+            return first
         point: dict[str, Any] = dict(
             variant=variant,
             tiling=list(tiling),
@@ -523,7 +538,7 @@ class Bench:
             100 * st["call_bytes"] / (row["triton_default_graph_us"] * 1e-6) / HBM_BYTES_PER_S
         )
         tiling = TILINGS[st["heads"]][0]
-        policies = ("occupancy", "fill") if row["kind"] == "decode" else (1,)
+        policies = POLICIES if row["kind"] == "decode" else (1,)
         for variant in VARIANTS:
             for policy in policies:
                 self.time_point(st, row, variant, tiling, policy)
@@ -595,7 +610,7 @@ class Bench:
         programs_of = lambda bh: st["rows"] * math.ceil(st["heads"] / bh)  # noqa: E731
         for tiling in tilings:
             for variant in VARIANTS:
-                splits_list: list[Any] = ["occupancy", "fill"]
+                splits_list: list[Any] = list(POLICIES)
                 if row["kind"] == "decode":
                     splits_list += explicit_splits(programs_of(tiling[0]), tiling[1], self.num_sms)
                 else:
@@ -823,6 +838,14 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     kern = load_kernel(args.kernel_path)
+    global POLICIES
+    if not hasattr(kern, "SPLIT_POLICIES"):
+        # A kernel file from before the launch variants: time what it has.
+        POLICIES = ("occupancy",)
+        for name in [n for n in VARIANTS if n != "base"]:
+            del VARIANTS[name]
+        VARIANTS["base"] = {}
+        print("kernel file without launch variants: base variant only", flush=True)
     props = torch.cuda.get_device_properties(0)
     result: dict[str, Any] = dict(
         schema_version=2,
