@@ -544,3 +544,126 @@ def test_split_query_reads_the_same_bits(tsm):
             (q_nope, q_pe), records, idx, 0.05, num_splits=splits, block_n=16
         )
         assert torch.equal(o1, o2) and torch.equal(l1, l2)
+
+
+# ---------------------------------------------------------------------------
+# Kernel variants (launch arguments the benchmark sweeps)
+# ---------------------------------------------------------------------------
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=problems(), fold=st.booleans())
+def test_flat_record_addressing_is_bit_identical(tsm, p, fold):
+    """On every cache whose blocks are contiguous (flat, paged, FlashMLA 4-D) addressing a
+    record as slot * 656 returns exactly the bits of the block // and % addressing; a
+    cache with padded blocks is rejected instead of read at the wrong offsets."""
+    _, _, cache, indices, counts, q = build(p, tsm)
+    kw = dict(
+        valid_counts=None if counts is None else torch.from_numpy(counts),
+        num_splits=p["num_splits"],
+        block_n=p["block_n"],
+        fold_scales=fold,
+    )
+    idx = torch.from_numpy(indices)
+    if p["layout"] == "strided" and p["num_blocks"] > 1:
+        with pytest.raises(ValueError, match="flat_records"):
+            tsm.sparse_mla_fp8_ds_mla_attention(q, cache, idx, 0.05, flat_records=True, **kw)
+        return
+    o1, l1 = tsm.sparse_mla_fp8_ds_mla_attention(q, cache, idx, 0.05, **kw)
+    o2, l2 = tsm.sparse_mla_fp8_ds_mla_attention(q, cache, idx, 0.05, flat_records=True, **kw)
+    assert torch.equal(o1, o2) and torch.equal(l1, l2)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=problems(), flat=st.booleans())
+def test_folded_scales_match_float64_reference(tsm, p, flat):
+    """With the per-128 scales folded into the scores and the probabilities (keys kept as
+    e4m3 values), out/LSE equal float64 attention over the exactly decoded records within
+    the same tolerances, for the same rows, layouts, counts and split factors."""
+    if flat and p["layout"] == "strided":
+        flat = False
+    records, _, cache, indices, counts, q = build(p, tsm)
+    # No bf16 rounding of the dequantised keys here: the folded kernel never forms them.
+    keys = ref_decode(records.numpy())
+    run_and_compare(
+        tsm,
+        q,
+        cache,
+        indices,
+        counts,
+        1.0 / math.sqrt(576),
+        keys,
+        num_splits=p["num_splits"],
+        block_n=p["block_n"],
+        fold_scales=True,
+        flat_records=flat,
+    )
+
+
+def test_folded_scales_negative_control(tsm):
+    """The folded-scale proof can fail: dropping one tile's scale from the scores (as a
+    kernel that forgot it would) moves the LSE far past LSE_ATOL."""
+    rng = np.random.default_rng(3)
+    records = tsm.quantize_fp8_ds_mla(make_kv(rng, 64))
+    keys = ref_decode(records.numpy())
+    idx = rng.integers(0, 64, size=(2, 48)).astype(np.int32)
+    q = torch.from_numpy(rng.standard_normal((2, 16, 576))).to(torch.bfloat16)
+    _, lse = tsm.sparse_mla_fp8_ds_mla_attention(
+        q, records, torch.from_numpy(idx), 0.05, fold_scales=True, block_n=16
+    )
+    wrong = keys.copy()
+    scales = np.ascontiguousarray(records.numpy()[:, 512:528]).view(np.float32)
+    wrong[:, :128] /= scales[:, :1].astype(np.float64)  # tile 0 without its scale
+    _, ref_lse, _ = ref_attention(q.double().numpy(), wrong, idx, None, 0.05)
+    assert np.abs(lse.double().numpy() - ref_lse).max() > 100 * LSE_ATOL
+
+
+def test_fill_split_policy(tsm):
+    """The "fill" policy splits a launch that does not fill two programs per SM into up to
+    one BLOCK_N tile per split (not a power of two), never splits once the rows fill the
+    device, and an unknown policy is an error naming the valid ones."""
+    cpu = torch.device("cpu")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tsm, "_device_info", lambda device: (132, 227 * 1024))
+        one = tsm.plan_sparse_mla(1, 16, 2048, cpu, split_policy="fill")
+        assert (one.block_n, one.num_splits, one.split_len) == (64, 32, 64)
+        old = tsm.plan_sparse_mla(1, 16, 2048, cpu)
+        assert (old.num_splits, old.split_len) == (16, 128)
+        assert tsm.plan_sparse_mla(1, 16, 2048, cpu, split_policy="occupancy") == old
+        five = tsm.plan_sparse_mla(64, 16, 2048, cpu, split_policy="fill")
+        assert five.num_splits == 5 and five.split_len % five.block_n == 0
+        assert tsm.plan_sparse_mla(264, 16, 2048, cpu, split_policy="fill").num_splits == 1
+        with pytest.raises(ValueError, match="occupancy"):
+            tsm.plan_sparse_mla(1, 16, 2048, cpu, split_policy="most")
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    num_tokens=st.integers(1, 9),
+    num_heads=st.sampled_from([4, 16]),
+    topk=st.sampled_from([64, 200]),
+)
+def test_reserved_workspace_serves_fill_launches(tsm, seed, num_tokens, num_heads, topk):
+    """Scratch reserved by max_split_workspace_specs for the "fill" policy serves every
+    "fill" launch of up to the reserved rows without growing (and the results equal a
+    launch with fresh scratch)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tsm, "_device_info", lambda device: (4, 0))
+        rng = np.random.default_rng(seed)
+        records = tsm.quantize_fp8_ds_mla(make_kv(rng, 96))
+        q = torch.from_numpy(rng.standard_normal((num_tokens, num_heads, 576)))
+        q = q.to(torch.bfloat16)
+        idx = rng.integers(-1, 96, size=(num_tokens, topk)).astype(np.int32)
+        idx = torch.from_numpy(idx)
+        cpu = torch.device("cpu")
+        specs = tsm.max_split_workspace_specs(9, num_heads, topk, cpu, split_policy="fill")
+        workspace = ReservedWorkspace(specs)
+        plan = tsm.plan_sparse_mla(num_tokens, num_heads, topk, cpu, split_policy="fill")
+        o1, l1 = tsm.sparse_mla_fp8_ds_mla_attention(
+            q, records, idx, 0.05, get_workspace=workspace.get_simultaneous, split_policy="fill"
+        )
+        o2, l2 = tsm.sparse_mla_fp8_ds_mla_attention(q, records, idx, 0.05, split_policy="fill")
+        expected = [tsm.split_workspace_specs(num_tokens, num_heads, plan.num_splits)]
+        assert workspace.requests == (expected if plan.num_splits > 1 else [])
+        assert torch.equal(o1, o2) and torch.equal(l1, l2)

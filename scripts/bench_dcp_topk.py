@@ -9,20 +9,25 @@ selector, the leaf's Triton selector and its torch reference. A case is identica
 are bit-identical and every row selects the same set (the CuTe DSL kernel writes its set in
 atomic order, so rows are compared sorted).
 
-Times (median of CUDA events) per backend, eager and CUDA-graph-replayed (a graph of
+Times (median of CUDA events) per backend, eager and CUDA-graph-replayed (a graph of up to
 ``--graph-calls`` back-to-back calls, replayed, divided by the call count: the time users get
 under vLLM's CUDA graphs): ``select`` (the selector alone) and ``merge`` (one rank's pack plus
 the selection; the all-gather between them is not timed). Each row carries
 ``time_over_cutedsl`` (CUDA-graph merge time of triton / torch over CuTe DSL, the ratio issue 16
-judges) and the same ratios for eager and select-only.
+judges) and the same ratios for eager and select-only. Repetitions adapt to the call's time
+(each timing spends about ``--target-ms`` of GPU time, at least 5 repetitions), so the slow torch
+cases do not dominate the run.
 
-Grids: ``decode`` = rows 1, 2, 8, 32, 64 x DCP 2/4 x top-k 512/1024/2048 (random scores);
-``old36`` = the 0.26 grid of results/dcp-topk-h200.json (random / ties / short x rows 64 / 2048 x
-DCP 2/4 x top-k 512/1024/2048).
+Grids: ``decode`` = rows 1, 2, 8, 32, 64 x DCP 2/4 x top-k 512/2048 (``--decode-topk``; random
+scores); ``old36`` = the 0.26 grid of results/dcp-topk-h200.json (random / ties / short x rows
+64 / 2048 x DCP 2/4 x top-k 512/1024/2048). Decode cases run first; once ``--budget-s`` is spent
+the remaining cases are listed under ``skipped`` (the JSON is rewritten after every case, so a
+killed run keeps what it measured).
 
 Needs one CUDA GPU, the vLLM 0.33.0 wheel with nvidia-cutlass-dsl and quack-kernels importable,
 and the patched tree (the leaf module is loaded from it by path). Writes
 ``results/dcp-topk-merge-<gpu>-<UTC stamp>.json`` (or ``--out``); exits 1 when a case differs.
+About 60-90 s on one H200 including the CuTe DSL and Triton JIT.
 
     python scripts/bench_dcp_topk.py --vllm-tree build/vllm
 """
@@ -49,6 +54,7 @@ from evidence import git_revision
 REPO = Path(__file__).resolve().parent.parent
 LEAF = "vllm/model_executor/kernels/attention/dsa/dcp_topk_merge.py"
 TOPKS = (512, 1024, 2048)
+DECODE_TOPKS = (512, 2048)
 WORLDS = (2, 4)
 DECODE_ROWS = (1, 2, 8, 32, 64)
 OLD_ROWS = (64, 2048)
@@ -119,8 +125,8 @@ def make_rank_inputs(
     return logits, local, row_starts
 
 
-def eager_ms(fn: Callable[[], object], iters: int) -> float:
-    for _ in range(3):
+def eager_ms(fn: Callable[[], object], iters: int, warm: int = 3) -> float:
+    for _ in range(warm):
         fn()
     torch.cuda.synchronize()
     times = []
@@ -133,6 +139,14 @@ def eager_ms(fn: Callable[[], object], iters: int) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def repetitions(fn: Callable[[], object], args: argparse.Namespace) -> tuple[int, int]:
+    """(graph calls, timed repetitions) that spend about ``args.target_ms`` per timing."""
+    ms = max(eager_ms(fn, 3, warm=1), 1e-3)
+    calls = max(1, min(args.graph_calls, int(1.0 / ms)))
+    iters = max(5, min(args.iters, int(args.target_ms / (calls * ms))))
+    return calls, iters
 
 
 def graph_ms(fn: Callable[[], object], iters: int, calls: int) -> float:
@@ -211,11 +225,14 @@ def run_case(
             pack(logits0, local0, pack_out, 0, world, 1, starts0)
             select(gathered, topk, out=sel_out)
 
+        s_calls, s_iters = repetitions(select_only, args)
+        m_calls, m_iters = repetitions(merge, args)
         timings[name] = {
-            "select_eager_ms": eager_ms(select_only, args.iters),
-            "merge_eager_ms": eager_ms(merge, args.iters),
-            "select_graph_ms": graph_ms(select_only, args.iters, args.graph_calls),
-            "merge_graph_ms": graph_ms(merge, args.iters, args.graph_calls),
+            "select_eager_ms": eager_ms(select_only, s_iters),
+            "merge_eager_ms": eager_ms(merge, m_iters),
+            "select_graph_ms": graph_ms(select_only, s_iters, s_calls),
+            "merge_graph_ms": graph_ms(merge, m_iters, m_calls),
+            "repetitions": {"select": [s_calls, s_iters], "merge": [m_calls, m_iters]},
         }
 
     def ratios(key: str) -> dict[str, float]:
@@ -245,7 +262,7 @@ def run_case(
 def cases(args: argparse.Namespace) -> list[tuple[str, int, int, str, int]]:
     out = []
     if "decode" in args.grids:
-        for topk in args.topk:
+        for topk in args.decode_topk:
             for world in args.dcp:
                 for rows in DECODE_ROWS:
                     out.append(("decode", topk, world, "random", rows))
@@ -270,63 +287,111 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--grids", nargs="+", default=["decode", "old36"], choices=["decode", "old36"]
     )
-    parser.add_argument("--topk", type=int, nargs="+", default=list(TOPKS), choices=TOPKS)
+    parser.add_argument(
+        "--topk", type=int, nargs="+", default=list(TOPKS), choices=TOPKS, help="old36 grid"
+    )
+    parser.add_argument(
+        "--decode-topk", type=int, nargs="+", default=list(DECODE_TOPKS), choices=TOPKS
+    )
     parser.add_argument("--dcp", type=int, nargs="+", default=list(WORLDS), help="simulated ranks")
-    parser.add_argument("--iters", type=int, default=50, help="timed repetitions")
-    parser.add_argument("--graph-calls", type=int, default=20, help="calls per CUDA graph")
+    parser.add_argument("--iters", type=int, default=50, help="most timed repetitions")
+    parser.add_argument("--graph-calls", type=int, default=20, help="most calls per CUDA graph")
+    parser.add_argument(
+        "--target-ms", type=float, default=25.0, help="GPU time per timing (sets repetitions)"
+    )
+    parser.add_argument(
+        "--budget-s", type=float, default=85.0, help="skip the remaining cases after this"
+    )
+    parser.add_argument("--quick", action="store_true", help="the decode grid only")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
+    started = time.time()
     leaf = load_leaf(args.vllm_tree.resolve())
     import vllm
     from vllm.model_executor.kernels.attention.dsa import dcp_indexer_cutedsl as cute
 
-    started = time.time()
-    results = []
-    for i, (grid, topk, world, kind, rows) in enumerate(cases(args)):
-        case = run_case(leaf, cute, grid, topk, world, kind, rows, args.seed + i, args)
-        results.append(case)
-        r = case["time_over_cutedsl"]
-        t = case["timings"]["cutedsl"]["merge_graph_ms"] * 1e3
-        print(
-            f"{grid:6s} topk={topk} dcp={world} {kind:6s} rows={rows:5d} "
-            f"identical={case['identical']} cutedsl {t:.1f} us (graph merge), "
-            f"triton x{r['triton']:.2f} torch x{r['torch']:.2f}",
-            flush=True,
-        )
-
-    identical = all(c["identical"] for c in results)
-    decode = [c for c in results if c["grid"] == "decode"]
     info = machine()
-    result = {
-        "schema_version": 1,
-        "base": f"vllm {vllm.__version__}",
-        "command": shlex.join([sys.executable, *sys.argv]),
-        "git_revision": git_revision(REPO),
-        "vllm_tree": str(args.vllm_tree),
-        "vllm_tree_git_revision": git_revision(args.vllm_tree),
-        "machine": info,
-        "wall_s": round(time.time() - started, 1),
-        "identical": identical,
-        "summary": {
-            "cases": len(results),
-            "decode_max_time_over_cutedsl": {
-                name: max((c["time_over_cutedsl"][name] for c in decode), default=None)
-                for name in ("triton", "torch")
-            },
-        },
-        "cases": results,
-    }
     out = args.out
     if out is None:
         gpu = info["gpu"].split()[-1].lower()
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         out = REPO / "results" / f"dcp-topk-merge-{gpu}-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    print(f"identical={identical} over {len(results)} cases; wrote {out}")
+    if args.quick:
+        args.grids = ["decode"]
+    todo = cases(args)
+    results: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    errors: list[str] = []
+
+    def write(final: bool) -> bool:
+        identical = bool(results) and not errors and all(c["identical"] for c in results)
+        decode = [c for c in results if c["grid"] == "decode"]
+        result = {
+            "schema_version": 2,
+            "base": f"vllm {vllm.__version__}",
+            "base_variant": "installed vLLM (CuTe DSL kernels) + the leaf of vllm_tree",
+            "command": shlex.join([sys.executable, *sys.argv]),
+            "git_revision": git_revision(REPO),
+            "vllm_tree": str(args.vllm_tree),
+            "vllm_tree_git_revision": git_revision(args.vllm_tree),
+            "machine": info,
+            "wall_s": round(time.time() - started, 1),
+            "finished": final,
+            "identical": identical,
+            "summary": {
+                "cases": len(results),
+                "cases_planned": len(todo),
+                "cases_identical": sum(c["identical"] for c in results),
+                "decode_max_time_over_cutedsl": {
+                    name: max((c["time_over_cutedsl"][name] for c in decode), default=None)
+                    for name in ("triton", "torch")
+                },
+                "max_time_over_cutedsl": {
+                    name: max((c["time_over_cutedsl"][name] for c in results), default=None)
+                    for name in ("triton", "torch")
+                },
+            },
+            "cases": results,
+            "skipped": skipped,
+            "errors": errors,
+        }
+        tmp = out.with_suffix(out.suffix + ".tmp")
+        tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        tmp.replace(out)
+        return identical
+
+    for i, (grid, topk, world, kind, rows) in enumerate(todo):
+        spec = dict(grid=grid, topk=topk, dcp=world, kind=kind, rows=rows)
+        if time.time() - started > args.budget_s:
+            skipped.append(spec)
+            continue
+        try:
+            case = run_case(leaf, cute, grid, topk, world, kind, rows, args.seed + i, args)
+        except Exception as exc:  # recorded; the run goes on and exits 1
+            errors.append(f"{spec}: {type(exc).__name__}: {str(exc)[:300]}")
+            print(f"ERROR {spec}: {exc!r}"[:400], flush=True)
+            write(False)
+            continue
+        results.append(case)
+        write(False)
+        r = case["time_over_cutedsl"]
+        t = case["timings"]["cutedsl"]["merge_graph_ms"] * 1e3
+        print(
+            f"[{time.time() - started:5.1f}s] {grid:6s} topk={topk} dcp={world} {kind:6s} "
+            f"rows={rows:5d} identical={case['identical']} cutedsl {t:.1f} us (graph merge), "
+            f"triton x{r['triton']:.2f} torch x{r['torch']:.2f}",
+            flush=True,
+        )
+
+    identical = write(True)
+    print(
+        f"identical={identical} over {len(results)} cases ({len(skipped)} skipped by the "
+        f"budget, {len(errors)} errors) in {time.time() - started:.0f} s; wrote {out}"
+    )
     return 0 if identical else 1
 
 

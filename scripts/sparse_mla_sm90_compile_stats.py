@@ -1,0 +1,137 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Offline sm_90 compile of the Triton sparse-MLA kernel variants: registers, spills, SASS mix.
+
+No GPU needed: Triton compiles the shipped kernel file (--kernel-path) for sm_90 with the
+benchmark's specialisation (fp32 split partials, 16-divisible sizes and strides) and its
+bundled ptxas; cuobjdump reports registers, stack (spill) bytes and the static instruction mix.
+These are compile facts, not timings. Used for design/triton-sparse-mla.md:
+
+    python scripts/sparse_mla_sm90_compile_stats.py \
+        --kernel-path build/vllm/vllm/v1/attention/ops/triton_sparse_mla.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+# (block_h, block_n, num_warps, num_stages, flat_records, fold_scales)
+DEFAULT_POINTS = [
+    (bh, bn, w, st, flat, fold)
+    for bh, bn, w, st in ((16, 64, 4, 2), (16, 64, 8, 2), (64, 128, 8, 1), (64, 64, 8, 2))
+    for flat, fold in ((False, False), (True, False), (True, True))
+]
+OPS = ("IMAD", "IADD3", "I2F", "F2I", "FMUL", "FFMA", "F2FP", "HADD2", "HMMA", "HGMMA", "LDG")
+
+
+def load(path: Path) -> types.ModuleType:
+    import triton
+    import triton.language as tl
+
+    utils = types.ModuleType("vllm.triton_utils")
+    utils.triton, utils.tl = triton, tl
+    pkg = types.ModuleType("vllm")
+    pkg.__path__ = []
+    sys.modules.setdefault("vllm", pkg)
+    sys.modules["vllm.triton_utils"] = utils
+    spec = importlib.util.spec_from_file_location("triton_sparse_mla_stats", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def compile_point(kern, point) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    bh, bn, warps, stages, flat, fold = point
+    fn = kern._sparse_mla_fp8_ds_mla_fwd_kernel
+    names = fn.arg_names
+    ptrs = {
+        "q_ptr": "*bf16",
+        "qpe_ptr": "*bf16",
+        "kv_ptr": "*u8",
+        "idx_ptr": "*i32",
+        "count_ptr": "*i32",
+        "out_ptr": "*fp32",
+        "lse_ptr": "*fp32",
+    }
+    consts = dict(
+        HAS_COUNTS=False,
+        BLOCK_H=bh,
+        BLOCK_N=bn,
+        FLAT_RECORDS=flat,
+        FOLD_SCALES=fold,
+        EMULATE=False,
+        ROUND_OUT=False,
+    )
+    sig = {
+        n: ptrs.get(n, "constexpr" if n in consts else "fp32" if n == "qk_scale" else "i32")
+        for n in names
+    }
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, n in enumerate(names)
+        if n in ptrs or (sig[n] == "i32")
+    }
+    src = ASTSource(fn, sig, {(names.index(k),): v for k, v in consts.items()}, attrs)
+    compiled = triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages)
+    )
+    bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(compiled.asm["cubin"])
+    try:
+        res = subprocess.run(
+            [bindir / "cuobjdump", "-res-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
+        sass = subprocess.run(
+            [bindir / "cuobjdump", "-sass", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    finally:
+        os.unlink(f.name)
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", res)
+    return dict(
+        block_h=bh,
+        block_n=bn,
+        num_warps=warps,
+        num_stages=stages,
+        flat_records=flat,
+        fold_scales=fold,
+        registers=int(m.group(1)) if m else None,
+        stack_bytes=int(m.group(2)) if m else None,
+        shared_bytes=compiled.metadata.shared,
+        sass={op: len(re.findall(rf"\b{op}\b", sass)) for op in OPS},
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernel-path", type=Path, required=True)
+    parser.add_argument("--out", type=Path, default=None, help="also write the rows as JSON")
+    args = parser.parse_args()
+    os.environ.pop("TRITON_INTERPRET", None)
+    kern = load(args.kernel_path)
+    rows = []
+    for point in DEFAULT_POINTS:
+        row = compile_point(kern, point)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.out is not None:
+        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
