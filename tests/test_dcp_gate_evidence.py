@@ -1,0 +1,78 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The gate's negative-control rank on needle checkpoints and the ledger comparison
+(scripts/gate/plan.py, scripts/gate/ledger.py): pure Python, no vLLM."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+from gate import ledger, plan  # noqa: E402
+
+
+@pytest.mark.parametrize("dcp", [2, 4])
+def test_needle_runs_fault_the_needles_rank(dcp: int) -> None:
+    """With a needle checkpoint the fault drops the DCP rank that holds the needle (its
+    position modulo DCP), not the last rank; without one, and when a rank is given, the
+    configuration keeps what it says."""
+    cfg = plan.GateConfig(name="n", model="m", tp=4, dcp=dcp, passes=("clean", "fault"), needle=7)
+    assert cfg.fault_rank % dcp == plan.PERTURB_POSITION % dcp == 1
+    plain = plan.GateConfig(name="p", model="m", tp=4, dcp=dcp, passes=("clean", "fault"))
+    assert plain.fault_rank % dcp == dcp - 1
+    given = plan.GateConfig(name="g", model="m", tp=4, dcp=dcp, needle=7, fault_rank=0)
+    assert given.fault_rank == 0
+    # the resolved rank survives the run record round trip
+    assert plan.GateConfig.from_json(cfg.to_json()).fault_rank == cfg.fault_rank
+
+
+def _run(name: str, prompts: dict[str, str], phases: dict[str, tuple[int, int]]) -> dict:
+    layers = {
+        f"model.layers.{i}.self_attn.attn": {
+            ph: {"calls": c, "wire_bytes": b, "mean_ms": 1.0, "timed_calls": c}
+            for ph, (c, b) in phases.items()
+        }
+        for i in range(2)
+    }
+    summary = {"capacity": 64, "armed": True, "layers": layers}
+    return {
+        "name": name,
+        "config": {"dcp": 2, "engine_extra": {}},
+        "transport": plan.TRANSPORT_EMULATED,
+        "passes": {"clean": {k: {"prompt_sha256": v} for k, v in prompts.items()}},
+        "ledger": [{"rank": r, "passes": {"clean": summary}} for r in (0, 1)],
+    }
+
+
+def test_ledger_compares_bytes_per_rank_per_layer() -> None:
+    """Per rank the ledger sums each phase over layers and gives bytes per layer; ratios are
+    to the first entry; the emulation label travels with the times."""
+    prompts = {"single/1024": "a", "batch/0/700": "b"}
+    query = _run("q", prompts, {"q_gather": (10, 1000), "combine": (10, 600)})
+    ckv = _run("c", prompts, {"ckv_gather": (2, 40), "q_gather": (8, 8), "combine": (8, 8)})
+    out = ledger.compare({"query": (query, "clean"), "ckv": (ckv, "clean")})
+    q0 = out["entries"]["query"]["per_rank"]["0"]
+    assert q0["layers"] == 2 and q0["wire_bytes"] == 3200 and q0["wire_bytes_per_layer"] == 1600
+    assert out["entries"]["ckv"]["wire_bytes_over_query"]["1"] == pytest.approx(56 * 2 / 3200)
+    assert out["timing_label"] == plan.TRANSPORT_EMULATED
+    json.dumps(out)  # a result file
+
+
+def test_ledger_refuses_other_prompts_and_missing_ledgers() -> None:
+    """Runs that served other prompts, a pass without a ledger and a disarmed ledger are
+    errors, not comparisons."""
+    query = _run("q", {"single/1024": "a"}, {"q_gather": (1, 1)})
+    other = _run("o", {"single/1024": "DIFFERENT"}, {"q_gather": (1, 1)})
+    with pytest.raises(ValueError, match="other prompts"):
+        ledger.compare({"query": (query, "clean"), "other": (other, "clean")})
+    with pytest.raises(ValueError, match="no 'repeat'"):
+        ledger.pass_ledger(query, "repeat")
+    with pytest.raises(ValueError, match="no ledger"):
+        ledger.pass_ledger({**query, "ledger": []}, "clean")
+    query["ledger"][0]["passes"]["clean"]["armed"] = False
+    with pytest.raises(ValueError, match="disarmed"):
+        ledger.pass_ledger(query, "clean")
