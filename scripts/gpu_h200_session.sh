@@ -29,8 +29,8 @@ for stage in "$@"; do
       # the series' vLLM-tree tests (the GPU-only ones are skipped on CPU) against the patched
       # install, from the carried bundle .gpu-tests (scripts/tree_tests_bundle.py)
       # (vLLM's conftest first; if it cannot be imported there (exit 4), without it)
-      (cd .gpu-tests && { timeout "${STAGE_TIMEOUT:-420}" python3 -m pytest -q -rfEs -p no:cacheprovider \
-        $(cat SERIES_TESTS); rc=$?; [ $rc -eq 4 ] && timeout "${STAGE_TIMEOUT:-420}" python3 -m pytest -q \
+      (cd .gpu-tests && { timeout "${STAGE_TIMEOUT:-420}" python3 -m pytest -v -rfEs --timeout 120 -p no:cacheprovider \
+        $(cat SERIES_TESTS); rc=$?; [ $rc -eq 4 ] && timeout "${STAGE_TIMEOUT:-420}" python3 -m pytest -v --timeout 120 \
         -rfEs --noconftest -p no:cacheprovider $(cat SERIES_TESTS); } 2>&1 | tail -60) > "$RES/tree-tests-h200.log" 2>&1
       tail -5 "$RES/tree-tests-h200.log" ;;
     topk-order)

@@ -55,10 +55,12 @@ case "${1:?first|wait}" in
     echo "=== gates start $(date -u +%T)"
     python3 scripts/dcp_gate.py start --suites lease --work "$GATE" --deadline-s "$deadline"
     ( VARIANT=patched; source .gpu/device-env.sh; cd .gpu-tests
-      timeout 400 python3 -m pytest -q -rfEs -p no:cacheprovider $(cat SERIES_TESTS) \
+      # -v: one line per test as it ends, so a log cut by the timeout still names every
+      # outcome (the 2026-12-01 lease's -q log was cut before its summary)
+      timeout 400 python3 -m pytest -v -rfEs --timeout 120 -p no:cacheprovider $(cat SERIES_TESTS) \
         > "$RES/tree-tests-h200.log" 2>&1
-      [ $? -eq 4 ] && timeout 300 python3 -m pytest -q -rfEs --noconftest -p no:cacheprovider \
-        $(cat SERIES_TESTS) > "$RES/tree-tests-h200.log" 2>&1 ) &
+      [ $? -eq 4 ] && timeout 300 python3 -m pytest -v -rfEs --timeout 120 --noconftest \
+        -p no:cacheprovider $(cat SERIES_TESTS) > "$RES/tree-tests-h200.log" 2>&1 ) &
     gate_wait
     tail -3 "$RES/tree-tests-h200.log" 2>/dev/null
     pack ;;
