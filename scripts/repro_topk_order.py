@@ -96,6 +96,7 @@ def order_case(kind: str, rows: int, ctx: int, k: int, ties: bool, calls: int) -
 
 def attention_order_case(batch: int, heads: int, k: int) -> dict[str, Any]:
     """FlashMLA sparse fp8 decode with each row's indices permuted: bit-identical or not."""
+    from bench_sparse_mla_kernel import FlashMLA  # FlashMLASparseImpl's call, one place
     from vllm.v1.attention.ops import flashmla
 
     ok, reason = flashmla.is_flashmla_sparse_supported()
@@ -110,34 +111,19 @@ def attention_order_case(batch: int, heads: int, k: int) -> dict[str, Any]:
     rope = torch.randn(slots, 64, device="cuda", generator=g).to(torch.bfloat16)
     cache[:, 528:] = rope.view(torch.uint8)
     block = 64
-    k_cache = cache.view(slots // block, block, 1, 656)
-    padded = 64 if heads <= 64 else 128
-    q = torch.zeros(batch, 1, padded, 576, dtype=torch.bfloat16, device="cuda")
-    q[:, :, :heads] = torch.randn(batch, 1, heads, 576, device="cuda", generator=g)
+    q = torch.randn(batch, 1, heads, 576, device="cuda", generator=g).to(torch.bfloat16)
     idx = torch.stack(
         [torch.randperm(slots, device="cuda", generator=g)[:k] for _ in range(batch)]
     ).to(torch.int32)
     perm = torch.stack([torch.randperm(k, device="cuda", generator=g) for _ in range(batch)])
     idx_perm = torch.gather(idx, 1, perm)
-    sched, _ = flashmla.get_mla_metadata()
-
-    def call(indices):
-        out, lse = flashmla.flash_mla_with_kvcache(
-            q=q,
-            k_cache=k_cache,
-            block_table=None,
-            cache_seqlens=None,
-            head_dim_v=512,
-            tile_scheduler_metadata=sched,
-            is_fp8_kvcache=True,
-            indices=indices.view(batch, 1, k),
-            softmax_scale=576**-0.5,
-        )
-        return out[:, :, :heads].float(), lse
-
-    o1, l1 = call(idx)
-    o2, l2 = call(idx)
-    o3, l3 = call(idx_perm)
+    index_sets = [idx.view(batch, 1, k), idx.view(batch, 1, k), idx_perm.view(batch, 1, k)]
+    calls = FlashMLA().calls(q, cache.view(slots // block, block, 656), index_sets, 576**-0.5)
+    results = []
+    for call in calls:
+        out, lse = call()
+        results.append((out[:, :, :heads].float(), lse))
+    (o1, l1), (o2, _), (o3, l3) = results
     return {
         "batch": batch,
         "heads": heads,
