@@ -905,10 +905,15 @@ def test_a_run_killed_mid_pass_keeps_its_finished_passes_and_its_gate_is_compute
 
 def test_a_candidate_killed_after_its_fault_pass_still_gates_meaningfully(tmp_path: Path):
     suite = copy.deepcopy(SUITE)
+    for r in suite["runs"]:
+        r["variant"] = "patched"  # the ledger is the series' (patched tree only)
     suite["runs"][2]["passes"] = ["clean", "fault", "repeat"]
+    suite["runs"][2]["engine_extra"] = {"dcp_comm_ledger_size": 4}
     work = _suite_until(tmp_path, suite, "8", GATE_FAKE_HANG="f-tp2-dcp2:repeat:0")
     run = json.loads((work / "runs" / "f-tp2-dcp2.json").read_text())
     assert not run["ok"] and run["passes_complete"] == ["clean", "fault"]
+    # every rank's ledger of the finished passes comes from its partial record
+    assert [sorted(e["passes"]) for e in run["ledger"]] == [["clean", "fault"]] * 2
     gate = _gate_file(tmp_path, "f-dcp2")
     assert gate["incomplete_runs"] == ["f-tp2-dcp2"] and gate["equivalent"]
     assert gate["negative_control_detected"] and gate["meaningful"]
@@ -1044,3 +1049,98 @@ def test_the_worker_records_a_pass_only_when_all_its_generate_calls_returned(
     rec2.finish()
     got = json.loads((tmp_path / "all.rank0.json").read_text())
     assert got["ok"] and got["complete"] and got["passes_complete"] == list(cfg.passes)
+
+
+_STANDIN_VLLM = """
+import os, time
+__version__ = "standin"
+SamplingParams = dict
+
+
+class _LP:
+    logprob = -0.5
+
+
+class _C:
+    def __init__(self, ids):
+        self.token_ids = [ids[-1] % 97 + i for i in range(3)]
+        self.logprobs = [{t: _LP()} for t in self.token_ids]
+
+
+class _Out:
+    def __init__(self, ids):
+        self.outputs = [_C(ids)]
+        self.metrics = None
+
+
+class LLM:
+    calls = 0
+
+    def __init__(self, **kw):
+        pass
+
+    def apply_model(self, fn):
+        return [[]]
+
+    def generate(self, prompts, params, use_tqdm=False):
+        LLM.calls += 1
+        if LLM.calls == int(os.environ["STANDIN_STOP_AT"]):
+            if os.environ.get("STANDIN_RAISE"):
+                raise RuntimeError("engine died")
+            time.sleep(600)
+        return [_Out(p["prompt_token_ids"]) for p in prompts]
+"""
+_STANDIN_TORCH = """
+__version__ = "standin"
+class version:
+    cuda = None
+class cuda:
+    @staticmethod
+    def device_count():
+        return 0
+"""
+
+
+@pytest.mark.parametrize("how", ["killed", "raises"])
+def test_the_real_worker_leaves_the_passes_it_finished(tmp_path: Path, how: str):
+    """gate.worker.main, started as Launch starts it, with stand-in vllm and torch modules:
+    generate() hangs (then SIGKILL, as the deadline does) or raises in the second call of the
+    repeat pass."""
+    import signal
+    import time
+
+    for name, text in (("vllm", _STANDIN_VLLM), ("torch", _STANDIN_TORCH)):
+        (tmp_path / "mods" / name).mkdir(parents=True)
+        (tmp_path / "mods" / name / "__init__.py").write_text(text)
+    cfg = {**SUITE["runs"][0], "model": "M/f"}  # clean, repeat, sensitivity
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    stop_at = len(plan.pass_groups(plan.GateConfig.from_json(cfg), "clean")) + 2
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "mods"), RANK="0")
+    env.pop("GATE_WORKER_MODULE", None)  # the real gate.worker
+    env["STANDIN_STOP_AT"] = str(stop_at)
+    if how == "raises":
+        env["STANDIN_RAISE"] = "1"
+    proc = subprocess.Popen(
+        gate_cmd("_rank", str(tmp_path / "cfg.json"), str(tmp_path)),  # as Launch starts it
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    path = tmp_path / f"{cfg['name']}.rank0.json"
+    if how == "killed":
+        t0 = time.time()
+        while time.time() - t0 < 30:
+            if path.is_file() and json.loads(path.read_text())["passes_complete"] == ["clean"]:
+                break
+            time.sleep(0.1)
+        time.sleep(0.5)  # inside the hanging generate() of the repeat pass
+        proc.send_signal(signal.SIGKILL)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == (-9 if how == "killed" else 1), out
+    got = json.loads(path.read_text())
+    assert got["complete"] is False and got["ok"] is False and got["passes_complete"] == ["clean"]
+    assert set(got["passes"]) == {"clean"} and set(got["passes"]["clean"]) == _keys(cfg, "clean")
+    assert got["machine"]["vllm"] == "standin"
+    if how == "raises":
+        assert "engine died" in got["error"]
