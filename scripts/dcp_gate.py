@@ -119,7 +119,7 @@ class Launch:
         self.rank_dir.mkdir(parents=True, exist_ok=True)
         cfg_path = self.rank_dir / f"{cfg.name}.config.json"
         cfg_path.write_text(json.dumps(cfg.to_json(), indent=1))
-        for old in self.rank_dir.glob(f"{cfg.name}.rank*.json"):
+        for old in self.rank_dir.glob(f"{cfg.name}.rank*.json*"):  # records and their temps
             old.unlink()
         self.tree = plan.vllm_tree(cfg.variant, dict(os.environ))
         pythonpath = plan.variant_pythonpath(cfg.variant, dict(os.environ))
@@ -193,22 +193,30 @@ class Launch:
             errors = [f"the {self.cfg.variant} vLLM tree {self.tree} does not exist; not started"]
         else:
             errors = []
-        if r0.get("ok") and not imported_from(self.tree, base["vllm_path"]):
+        right_tree = imported_from(self.tree, base["vllm_path"])
+        if not right_tree and (base["vllm_path"] or (ranks[0] and rank_complete(ranks[0]))):
             errors.append(
                 f"rank 0 imported vllm from {base['vllm_path']}, not from the "
                 f"{self.cfg.variant} tree {self.tree}"
             )
-        errors += [
-            f"rank {r}: "
-            + (
-                rec.get("error")
-                if rec
-                else "no record (exit code "
-                f"{self.procs[r].returncode}{', timed out' if timed_out else ''})"
-            )
-            for r, rec in enumerate(ranks)
-            if (not rec or not rec.get("ok")) and not self.missing_tree
-        ]
+        for r, rec in enumerate(ranks):
+            if self.missing_tree or (rec and rank_complete(rec)):
+                continue
+            end = f"exit code {self.procs[r].returncode}{', timed out' if timed_out else ''}"
+            if not rec:
+                errors.append(f"rank {r}: no record ({end})")
+            elif rec.get("error"):
+                errors.append(f"rank {r}: {rec['error']}")
+            else:
+                done = rec.get("passes_complete") or []
+                errors.append(f"rank {r}: incomplete after passes {done} ({end})")
+        # the passes rank 0 finished, each with every prompt its configuration names (a pass
+        # is complete or absent); none from a run that imported the wrong vLLM
+        passes = finished_passes(self.cfg, r0) if right_tree else {}
+        dropped = sorted(set(r0.get("passes_complete") or []) - set(passes))
+        if dropped and right_tree:
+            errors.append(f"rank 0: passes {dropped} lack prompts their configuration names")
+        complete = not errors
         return {
             "schema_version": verdict.SCHEMA_VERSION,
             "kind": "dcp_gate_run",
@@ -233,14 +241,17 @@ class Launch:
                 for r, rec in enumerate(ranks)
             ],
             "fault": r0.get("fault") or {},
-            "ok": not errors,
+            "ok": complete,
+            "complete": complete,
+            "passes_complete": [p for p in self.cfg.passes if p in passes],
+            "rank_passes_complete": [(rec or {}).get("passes_complete", []) for rec in ranks],
             "error": "; ".join(errors) or None,
             "tracebacks": [rec.get("traceback") for rec in ranks if rec and rec.get("traceback")][
                 :2
             ],
             "exit_codes": [p.returncode for p in self.procs],
             "timed_out": timed_out and not self.missing_tree,
-            "passes": r0.get("passes", {}),
+            "passes": passes,
             "ledger": [
                 {"rank": r, "passes": (rec or {}).get("ledger")}
                 for r, rec in enumerate(ranks)
@@ -248,6 +259,26 @@ class Launch:
             ],
             "spec": r0.get("spec"),
         }
+
+
+def rank_complete(rec: dict[str, Any]) -> bool:
+    """A rank record that ran to the end (one written before ``complete`` existed: when ok)."""
+    return bool(rec.get("ok")) and rec.get("complete", True) is not False
+
+
+def finished_passes(cfg: plan.GateConfig, rec: dict[str, Any]) -> dict[str, dict]:
+    """Rank 0's passes that it recorded as finished and that hold every prompt key the
+    configuration names for them (plan.pass_groups)."""
+    got = rec.get("passes") or {}
+    done = rec.get("passes_complete")
+    if done is None:  # a record written before partial records: all or nothing
+        done = list(got) if rec.get("ok") else []
+    out = {}
+    for name in done:
+        want = {k for keys in plan.pass_groups(cfg, name) for k in keys}
+        if name in got and set(got[name]) == want:
+            out[name] = got[name]
+    return out
 
 
 def checkpoint_info(model: str) -> dict[str, Any]:
@@ -341,6 +372,7 @@ def run_many(
                 (work / "runs" / f"{a.cfg.name}.json").write_text(json.dumps(rec) + "\n")
                 print(
                     f"[gate {time.strftime('%H:%M:%S')}] {a.cfg.name}: ok={rec['ok']} "
+                    f"passes {rec['passes_complete']} "
                     f"wall {rec['wall_s']} s {rec['error'] or ''}"[:600],
                     flush=True,
                 )
@@ -400,6 +432,10 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
             value, _ = verdict.pair_noise(runs[a], runs[b], pa, pb)
             noise_by_ckpt.setdefault(ckpt, {})[label] = {
                 "max_abs_logprob_diff": value,
+                # runs that did not complete whose finished passes this pair used
+                "incomplete_runs": sorted(
+                    {n for n in (a, b) if verdict.incomplete(runs[n])} if value is not None else []
+                ),
                 "ref": a,
                 "cand": b,
                 "passes": [pa, pb],
@@ -415,11 +451,9 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
         sens = {}
         model_name = ckpt.split("/")[0]  # a noise group "glmn/patched" is of checkpoint glmn
         for name, run in runs.items():
-            if (
-                run.get("ok")
-                and run.get("passes", {}).get("sensitivity")
-                and run.get("config", {}).get("model", "").rstrip("/").endswith("/" + model_name)
-            ):
+            if verdict.finished_passes(run).get("sensitivity") and run.get("config", {}).get(
+                "model", ""
+            ).rstrip("/").endswith("/" + model_name):
                 sens[name] = verdict.sensitivity(run, tol["atol_logprob"])
         doc = {
             "schema_version": verdict.SCHEMA_VERSION,
@@ -513,11 +547,9 @@ def _best_sensitivity(runs: dict[str, Any], ckpt: str, atol: float, ref_name: st
         run = runs.get(name)
         if run is None:
             continue
-        if (
-            run.get("ok")
-            and run.get("passes", {}).get("sensitivity")
-            and str(run.get("config", {}).get("model", "")).rstrip("/").endswith("/" + ckpt)
-        ):
+        if verdict.finished_passes(run).get("sensitivity") and str(
+            run.get("config", {}).get("model", "")
+        ).rstrip("/").endswith("/" + ckpt):
             s = verdict.sensitivity(run, atol)
             s["run"] = name
             return s

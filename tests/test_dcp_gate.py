@@ -847,3 +847,300 @@ def test_warmup_runs_start_first_and_the_rest_wait_for_their_engines(tmp_path: P
     later = [runs[n]["started_at"] for n in ("f-tp2", "f-tp2-dcp2")]
     # started once the warm-up engine was up (~2 s), before the warm-up run ended (~4 s)
     assert all(warm + 1.5 <= t < warm + runs["f-tp1"]["wall_s"] for t in later), (warm, later)
+
+
+# --- partial runs: a rank records every finished pass; a killed run keeps them -------------
+def _suite_until(tmp_path: Path, suite: dict, deadline_s: str, **env: str) -> Path:
+    """Run ``suite`` through the launcher with a deadline; the work folder."""
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps(suite))
+    work = tmp_path / "work"
+    proc = subprocess.run(
+        gate_cmd("suite", "--suite", str(path), "--work", str(work), "--out", str(tmp_path / "out"))
+        + ["--deadline-s", deadline_s],
+        env=gate_env(tmp_path, **env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return work
+
+
+def _keys(cfg: dict, pass_name: str) -> set[str]:
+    c = plan.GateConfig.from_json({**cfg, "model": "M/f"})
+    return {k for keys in plan.pass_groups(c, pass_name) for k in keys}
+
+
+def test_a_run_killed_mid_pass_keeps_its_finished_passes_and_its_gate_is_computed(
+    tmp_path: Path,
+):
+    # f-tp2-dcp2 hangs in its fault pass after one of three groups; f-tp1 in sensitivity
+    hang = "f-tp2-dcp2:fault:1,f-tp1:sensitivity:1"
+    work = _suite_until(tmp_path, SUITE, "8", GATE_FAKE_HANG=hang)
+    run = json.loads((work / "runs" / "f-tp2-dcp2.json").read_text())
+    assert not run["ok"] and not run["complete"] and run["timed_out"]
+    assert run["passes_complete"] == ["clean"] and set(run["passes"]) == {"clean"}
+    assert run["rank_passes_complete"] == [["clean"], ["clean"]]
+    assert "incomplete after passes ['clean']" in run["error"]
+    assert set(run["passes"]["clean"]) == _keys(SUITE["runs"][2], "clean")
+    # the interrupted pass is absent from the rank record itself, not half there
+    rank0 = json.loads((work / "ranks" / "f-tp2-dcp2.rank0.json").read_text())
+    assert rank0["complete"] is False and "fault" not in rank0["passes"]
+    assert not list((work / "ranks").glob("*.tmp"))
+    tp1 = json.loads((work / "runs" / "f-tp1.json").read_text())
+    assert tp1["passes_complete"] == ["clean", "repeat"] and "sensitivity" not in tp1["passes"]
+    noise = json.loads((tmp_path / "out" / "dcp-gate-noise-f.json").read_text())
+    assert noise["noise_pairs"]["f: repeat"]["incomplete_runs"] == ["f-tp1"]
+    assert noise["noise_pairs"]["f: repeat"]["max_abs_logprob_diff"] == 0.0
+    assert noise["sensitivity"] == {}  # its pass was cut off: not measured from half of it
+    gate = _gate_file(tmp_path, "f-dcp2")
+    assert verdict.validate(gate) == []
+    assert gate["equivalent"] and gate["incomplete_runs"] == ["f-tp2-dcp2"]
+    ref = json.loads((work / "runs" / "f-tp2.json").read_text())
+    assert gate["prompts_compared"] == sorted(ref["passes"]["clean"])
+    assert gate["negative_control"]["ran"] is False and not gate["meaningful"]
+    assert gate["dcp"]["candidate"]["passes_complete"] == ["clean"]
+
+
+def test_a_candidate_killed_after_its_fault_pass_still_gates_meaningfully(tmp_path: Path):
+    suite = copy.deepcopy(SUITE)
+    for r in suite["runs"]:
+        r["variant"] = "patched"  # the ledger is the series' (patched tree only)
+    suite["runs"][2]["passes"] = ["clean", "fault", "repeat"]
+    suite["runs"][2]["engine_extra"] = {"dcp_comm_ledger_size": 4}
+    work = _suite_until(tmp_path, suite, "8", GATE_FAKE_HANG="f-tp2-dcp2:repeat:0")
+    run = json.loads((work / "runs" / "f-tp2-dcp2.json").read_text())
+    assert not run["ok"] and run["passes_complete"] == ["clean", "fault"]
+    # every rank's ledger of the finished passes comes from its partial record
+    assert [sorted(e["passes"]) for e in run["ledger"]] == [["clean", "fault"]] * 2
+    gate = _gate_file(tmp_path, "f-dcp2")
+    assert gate["incomplete_runs"] == ["f-tp2-dcp2"] and gate["equivalent"]
+    assert gate["negative_control_detected"] and gate["meaningful"]
+    assert gate["negative_control"]["prompts"] == sorted(_keys(suite["runs"][2], "fault"))
+
+
+def test_a_rank_that_raises_mid_pass_keeps_the_passes_before_it(tmp_path: Path):
+    work = _suite_until(tmp_path, SUITE, "60", GATE_FAKE_CRASH="f-tp2-dcp2:fault:2")
+    run = json.loads((work / "runs" / "f-tp2-dcp2.json").read_text())
+    assert not run["ok"] and not run["timed_out"] and run["exit_codes"] == [1, 1]
+    assert "fake crash in fault group 2" in run["error"]
+    assert run["passes_complete"] == ["clean"] and "fault" not in run["passes"]
+    gate = _gate_file(tmp_path, "f-dcp2")
+    assert gate["equivalent"] and gate["incomplete_runs"] == ["f-tp2-dcp2"]
+    assert not gate["negative_control_detected"] and not gate["meaningful"]
+
+
+def test_a_gate_against_a_run_without_the_clean_pass_has_no_verdict_of_equivalence():
+    cand = run_of(REF, ok=False) | {"passes_complete": [], "error": "killed"}
+    got = verdict.compare_passes(run_of(REF), cand, 1.0)
+    assert not got["equivalent"] and "without a finished 'clean' pass: killed" in got["problems"][0]
+    half = run_of(REF, ok=False, fault={"single/8": REF}) | {"passes_complete": ["fault"]}
+    assert verdict.finished_passes(half) == {"fault": {"single/8": REF}}
+    assert verdict.negative_control(run_of(REF), half, 0.01)["incomplete_runs"] == ["candidate"]
+    assert not verdict.compare_passes(run_of(REF), half, 1.0)["equivalent"]
+
+
+def test_records_written_before_partial_records_still_report(tmp_path: Path):
+    proc = run_suite(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    before = _gate_file(tmp_path, "f-dcp2")
+    runs = tmp_path / "work" / "runs"
+    for p in runs.glob("*.json"):  # the old lease's records: no complete / passes_complete
+        d = json.loads(p.read_text())
+        for key in ("complete", "passes_complete", "rank_passes_complete"):
+            d.pop(key)
+        p.write_text(json.dumps(d))
+    out = tmp_path / "old"
+    rep = subprocess.run(
+        gate_cmd("report", "--suite", str(tmp_path / "suite.json"))
+        + ["--work", str(tmp_path / "work"), "--out", str(out)],
+        env=gate_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    after = json.loads((out / "dcp-gate-f-dcp2.json").read_text())
+    for key in ("equivalent", "meaningful", "negative_control_detected", "max_abs_logprob_diff"):
+        assert after[key] == before[key], key
+    assert (
+        after["incomplete_runs"] == [] and after["prompts_compared"] == before["prompts_compared"]
+    )
+    # an old timed-out record (ok false, no passes) gives no verdict over it
+    d = json.loads((runs / "f-tp2-dcp2.json").read_text())
+    d.update(ok=False, passes={}, error="rank 0: no record (exit code -9, timed out)")
+    (runs / "f-tp2-dcp2.json").write_text(json.dumps(d))
+    subprocess.run(
+        gate_cmd("report", "--suite", str(tmp_path / "suite.json"))
+        + ["--work", str(tmp_path / "work"), "--out", str(out)],
+        env=gate_env(tmp_path),
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    gate = json.loads((out / "dcp-gate-f-dcp2.json").read_text())
+    assert not gate["equivalent"] and "no record" in gate["problems"][0]
+
+
+class _FakeOut:
+    def __init__(self, ids: list[int]) -> None:
+        lp = type("LP", (), {})
+        tokens = [ids[-1] % 97 + i for i in range(3)]
+        logprobs = []
+        for t in tokens:
+            one = lp()
+            one.logprob = -0.5
+            logprobs.append({t: one})
+        self.outputs = [type("C", (), {"token_ids": tokens, "logprobs": logprobs})()]
+        self.metrics = None
+
+
+class _FakeLLM:
+    """generate() answers until call number ``fail_at``, which raises."""
+
+    def __init__(self, fail_at: int) -> None:
+        self.calls, self.fail_at = 0, fail_at
+
+    def generate(self, prompts: list[dict], params, use_tqdm: bool = False) -> list:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("engine died")
+        return [_FakeOut(p["prompt_token_ids"]) for p in prompts]
+
+
+def test_the_worker_records_a_pass_only_when_all_its_generate_calls_returned(
+    tmp_path: Path, monkeypatch
+):
+    import types
+
+    from gate import worker
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(SamplingParams=dict))
+    cfg = plan.GateConfig.from_json({**SUITE["runs"][0], "model": "M/f"})  # clean,repeat,sens
+    n_clean = len(plan.pass_groups(cfg, "clean"))
+    rec = worker.RankRecord(tmp_path, cfg.name, 0)
+    extras: dict = {}
+
+    def done(passes, fault):
+        rec.pass_done(passes, extras, fault, keep_tokens=True)
+
+    llm = _FakeLLM(fail_at=n_clean + 2)  # the second generate() of the repeat pass
+    with pytest.raises(RuntimeError, match="engine died"):
+        worker.run_passes(llm, cfg, lambda msg: None, extras, on_pass=done)
+    got = json.loads((tmp_path / f"{cfg.name}.rank0.json").read_text())
+    assert got["complete"] is False and got["passes_complete"] == ["clean"]
+    assert set(got["passes"]) == {"clean"} and set(got["passes"]["clean"]) == _keys(
+        SUITE["runs"][0], "clean"
+    )
+    rec.fail("RuntimeError: engine died", "tb")
+    got = json.loads((tmp_path / f"{cfg.name}.rank0.json").read_text())
+    assert (
+        got["ok"] is False and got["passes_complete"] == ["clean"] and "engine died" in got["error"]
+    )
+    rec2 = worker.RankRecord(tmp_path, "all", 0)
+    worker.run_passes(
+        _FakeLLM(fail_at=0),
+        cfg,
+        lambda msg: None,
+        {},
+        on_pass=lambda p, f: rec2.pass_done(p, {}, f, keep_tokens=True),
+    )
+    rec2.finish()
+    got = json.loads((tmp_path / "all.rank0.json").read_text())
+    assert got["ok"] and got["complete"] and got["passes_complete"] == list(cfg.passes)
+
+
+_STANDIN_VLLM = """
+import os, time
+__version__ = "standin"
+SamplingParams = dict
+
+
+class _LP:
+    logprob = -0.5
+
+
+class _C:
+    def __init__(self, ids):
+        self.token_ids = [ids[-1] % 97 + i for i in range(3)]
+        self.logprobs = [{t: _LP()} for t in self.token_ids]
+
+
+class _Out:
+    def __init__(self, ids):
+        self.outputs = [_C(ids)]
+        self.metrics = None
+
+
+class LLM:
+    calls = 0
+
+    def __init__(self, **kw):
+        pass
+
+    def apply_model(self, fn):
+        return [[]]
+
+    def generate(self, prompts, params, use_tqdm=False):
+        LLM.calls += 1
+        if LLM.calls == int(os.environ["STANDIN_STOP_AT"]):
+            if os.environ.get("STANDIN_RAISE"):
+                raise RuntimeError("engine died")
+            time.sleep(600)
+        return [_Out(p["prompt_token_ids"]) for p in prompts]
+"""
+_STANDIN_TORCH = """
+__version__ = "standin"
+class version:
+    cuda = None
+class cuda:
+    @staticmethod
+    def device_count():
+        return 0
+"""
+
+
+@pytest.mark.parametrize("how", ["killed", "raises"])
+def test_the_real_worker_leaves_the_passes_it_finished(tmp_path: Path, how: str):
+    """gate.worker.main, started as Launch starts it, with stand-in vllm and torch modules:
+    generate() hangs (then SIGKILL, as the deadline does) or raises in the second call of the
+    repeat pass."""
+    import signal
+    import time
+
+    for name, text in (("vllm", _STANDIN_VLLM), ("torch", _STANDIN_TORCH)):
+        (tmp_path / "mods" / name).mkdir(parents=True)
+        (tmp_path / "mods" / name / "__init__.py").write_text(text)
+    cfg = {**SUITE["runs"][0], "model": "M/f"}  # clean, repeat, sensitivity
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    stop_at = len(plan.pass_groups(plan.GateConfig.from_json(cfg), "clean")) + 2
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "mods"), RANK="0")
+    env.pop("GATE_WORKER_MODULE", None)  # the real gate.worker
+    env["STANDIN_STOP_AT"] = str(stop_at)
+    if how == "raises":
+        env["STANDIN_RAISE"] = "1"
+    proc = subprocess.Popen(
+        gate_cmd("_rank", str(tmp_path / "cfg.json"), str(tmp_path)),  # as Launch starts it
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    path = tmp_path / f"{cfg['name']}.rank0.json"
+    if how == "killed":
+        t0 = time.time()
+        while time.time() - t0 < 30:
+            if path.is_file() and json.loads(path.read_text())["passes_complete"] == ["clean"]:
+                break
+            time.sleep(0.1)
+        time.sleep(0.5)  # inside the hanging generate() of the repeat pass
+        proc.send_signal(signal.SIGKILL)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == (-9 if how == "killed" else 1), out
+    got = json.loads(path.read_text())
+    assert got["complete"] is False and got["ok"] is False and got["passes_complete"] == ["clean"]
+    assert set(got["passes"]) == {"clean"} and set(got["passes"]["clean"]) == _keys(cfg, "clean")
+    assert got["machine"]["vllm"] == "standin"
+    if how == "raises":
+        assert "engine died" in got["error"]

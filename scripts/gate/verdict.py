@@ -57,6 +57,24 @@ EQUIVALENCE_RULE = (
 )
 
 
+def finished_passes(run: dict[str, Any]) -> dict[str, Any]:
+    """The passes of a run record that the verdicts may use: those it lists in
+    ``passes_complete`` (each served in full: the launcher keeps a pass only when all of its
+    prompts came back), even when the run as a whole did not complete (timed out, a rank
+    died); a record without ``passes_complete`` (written before partial records) is all or
+    nothing: its passes when ok, none otherwise."""
+    passes = run.get("passes") or {}
+    done = run.get("passes_complete")
+    if done is None:
+        return dict(passes) if run.get("ok") else {}
+    return {name: passes[name] for name in done if name in passes}
+
+
+def incomplete(run: dict[str, Any]) -> bool:
+    """A run that did not complete but whose finished passes the verdicts use."""
+    return not run.get("ok") and bool(finished_passes(run))
+
+
 def _top(step: dict[str, Any]) -> dict[int, float]:
     return {int(t): float(lp) for t, lp in step["top"]}
 
@@ -146,16 +164,25 @@ def compare_passes(
     have: a variant run with a lighter prompt set than its reference)."""
     out: dict[str, Any] = {"ref_pass": ref_pass, "cand_pass": cand_pass, "prompts": {}}
     problems = []
-    if not ref.get("ok"):
-        problems.append(f"reference run failed: {ref.get('error')}")
-    if not cand.get("ok"):
-        problems.append(f"candidate run failed: {cand.get('error')}")
-    rp = ref.get("passes", {}).get(ref_pass)
-    cp = cand.get("passes", {}).get(cand_pass)
-    if not problems and rp is None:
-        problems.append(f"reference has no pass {ref_pass!r}")
-    if not problems and cp is None:
-        problems.append(f"candidate has no pass {cand_pass!r}")
+    rp = finished_passes(ref).get(ref_pass)
+    cp = finished_passes(cand).get(cand_pass)
+    for side, run, got, name in (
+        ("reference", ref, rp, ref_pass),
+        ("candidate", cand, cp, cand_pass),
+    ):
+        if got is not None:
+            continue
+        if not run.get("ok"):
+            problems.append(
+                f"{side} run failed without a finished {name!r} pass: {run.get('error')}"
+            )
+        else:
+            problems.append(f"{side} has no pass {name!r}")
+    out["incomplete_runs"] = [
+        run.get("name") or side
+        for side, run in (("reference", ref), ("candidate", cand))
+        if not run.get("ok") and not problems
+    ]
     if not problems:
         if keys_of == "cand":
             keys = list(cp)
@@ -209,8 +236,9 @@ def derive_tolerance(noise: dict[str, float | None]) -> dict[str, Any]:
 def sensitivity(ref: dict[str, Any], atol: float | None = None) -> dict[str, Any]:
     """How far one changed prompt token (the ``sensitivity`` pass) moves the first generated
     step of each single prompt; the figure is the smallest such move over the prompts."""
-    clean, pert = ref.get("passes", {}).get("clean", {}), ref.get("passes", {}).get("sensitivity")
-    if not pert:
+    done = finished_passes(ref)
+    clean, pert = done.get("clean"), done.get("sensitivity")
+    if not pert or not clean:
         return {"measured": False}
     rows = {}
     for key, rec in pert.items():
@@ -249,7 +277,7 @@ def sensitivity(ref: dict[str, Any], atol: float | None = None) -> dict[str, Any
 def negative_control(ref: dict[str, Any], cand: dict[str, Any], atol: float) -> dict[str, Any]:
     """The candidate's ``fault`` pass against the reference's clean pass: detected iff the
     comparison fails (with the prompts really served, not because a run crashed)."""
-    faulted = cand.get("passes", {}).get("fault")
+    faulted = finished_passes(cand).get("fault")
     if not faulted:
         return {"ran": False, "detected": False}
     cmp = compare_passes(ref, cand, atol, "clean", "fault")
@@ -261,6 +289,7 @@ def negative_control(ref: dict[str, Any], cand: dict[str, Any], atol: float) -> 
         "max_abs_logprob_diff": cmp["max_abs_logprob_diff"],
         "prompts_failing": sorted(k for k, p in cmp["prompts"].items() if not p["equivalent"]),
         "prompts": sorted(cmp["prompts"]),
+        "incomplete_runs": cmp["incomplete_runs"],
         "problems": cmp["problems"],
     }
 
@@ -359,8 +388,9 @@ def gate_result(
     # served, and require every prompt its own configuration names
     keys_of = "cand" if _lighter(ref, cand) else "ref"
     cmp = compare_passes(ref, cand, atol, keys_of=keys_of)
-    if cand.get("ok"):
-        missing = sorted(set(expected_keys(cand)) - set(cand.get("passes", {}).get("clean", {})))
+    cand_clean = finished_passes(cand).get("clean")
+    if cand_clean is not None:
+        missing = sorted(set(expected_keys(cand)) - set(cand_clean))
         if missing:
             cmp["problems"].append(f"candidate did not serve {missing}")
             cmp["equivalent"] = False
@@ -384,12 +414,11 @@ def gate_result(
             "sensitivity_over_wire_tolerance": _over(sens, wire_atol),
         }
     if kind == "spec":
-        exact = tokens_exact(
-            ref.get("passes", {}).get("clean"), cand.get("passes", {}).get("clean")
-        )
+        ref_done = finished_passes(ref)
+        exact = tokens_exact(ref_done.get("clean"), cand_clean)
         self_exact = None
-        if ref.get("passes", {}).get("repeat"):
-            self_exact = tokens_exact(ref["passes"]["clean"], ref["passes"]["repeat"])["all_exact"]
+        if ref_done.get("repeat") and ref_done.get("clean"):
+            self_exact = tokens_exact(ref_done["clean"], ref_done["repeat"])["all_exact"]
         extra["spec"] = {
             "tokens_exact": exact,
             "logprobs_within_tolerance": cmp["equivalent"],
@@ -429,6 +458,9 @@ def gate_result(
         "noise_floor": noise,
         "sensitivity": sens,
         "prompts": cmp["prompts"],
+        "prompts_compared": sorted(cmp["prompts"]),
+        # runs that did not complete (timed out, a rank died) whose finished passes were used
+        "incomplete_runs": sorted(set(cmp["incomplete_runs"] + neg.get("incomplete_runs", []))),
         "problems": cmp["problems"],
         "max_abs_logprob_diff": cmp["max_abs_logprob_diff"],
         "equivalent": equivalent,
@@ -479,6 +511,9 @@ def run_summary(run: dict[str, Any]) -> dict[str, Any]:
         "engine_extra": c.get("engine_extra") or {},
         "file": run.get("file"),
         "ok": run.get("ok"),
+        "complete": run.get("complete", run.get("ok")),
+        "passes_complete": sorted(finished_passes(run)),
+        "timed_out": run.get("timed_out"),
         "error": run.get("error"),
         "tp": c.get("tp"),
         "dcp": c.get("dcp"),

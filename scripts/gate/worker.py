@@ -22,6 +22,7 @@ import platform
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -210,12 +211,65 @@ def request_timing(out: Any) -> dict[str, Any]:
     return got
 
 
+class RankRecord:
+    """One rank's record (``<out>/<run>.rank<r>.json``), rewritten atomically (a temp file,
+    then os.replace) at engine start, after every finished pass (``"complete": false`` and
+    ``passes_complete``: the passes served so far, all of whose generate() calls returned)
+    and at the end (``"complete": true``), so that a rank killed mid-run leaves the passes
+    it finished; a pass cut off mid-way is never in it."""
+
+    def __init__(self, out_dir: Path, name: str, rank: int) -> None:
+        self.path = Path(out_dir) / f"{name}.rank{rank}.json"
+        self.data: dict[str, Any] = {
+            "rank": rank,
+            "ok": False,
+            "complete": False,
+            "passes_complete": [],
+            "passes": {},
+        }
+
+    def write(self) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.data) + "\n")
+        os.replace(tmp, self.path)
+
+    def pass_done(
+        self,
+        passes: dict[str, dict],
+        extras: dict[str, Any],
+        fault: dict[str, Any],
+        keep_tokens: bool,
+    ) -> None:
+        """After a pass: every pass finished so far (rank 0 keeps the tokens), this rank's
+        ledger and spec counters of those passes; still incomplete."""
+        self.data["passes_complete"] = list(passes)
+        self.data["passes"] = dict(passes) if keep_tokens else {}
+        self.data["fault"] = fault
+        self.data["ledger"] = extras.get("ledger")
+        self.data["spec"] = extras.get("spec") if keep_tokens else None
+        self.write()
+
+    def finish(self) -> None:
+        self.data.update(ok=True, complete=True)
+        self.write()
+
+    def fail(self, error: str, tb: str) -> None:
+        """An exception: the record stays incomplete and keeps the passes finished before it."""
+        self.data.update(ok=False, complete=False, error=error[:2000], traceback=tb[-6000:])
+        self.write()
+
+
 def run_passes(
-    llm: Any, cfg: plan.GateConfig, log: Any, extras: dict[str, Any] | None = None
+    llm: Any,
+    cfg: plan.GateConfig,
+    log: Any,
+    extras: dict[str, Any] | None = None,
+    on_pass: Callable[[dict[str, dict], dict[str, Any]], None] | None = None,
 ) -> tuple[dict, dict]:
     """Serve every pass; ``extras`` (when given) gets per pass the ledger summary
     (``ledger``) and, for a speculative run, the spec-decode counters and depths
-    (``spec``)."""
+    (``spec``). ``on_pass(passes, fault_info)`` is called after each pass whose every
+    generate() call returned (a pass that raises mid-way is not added)."""
     from vllm import SamplingParams
 
     params = SamplingParams(
@@ -275,6 +329,8 @@ def run_passes(
                 "metrics": spec_tools.metrics_delta(before, after),
                 "depths": None if depths is None else list(depths[depth_mark:]),
             }
+        if on_pass is not None:
+            on_pass(passes, fault_info)
     return passes, fault_info
 
 
@@ -286,7 +342,8 @@ def main(config_path: str, out_dir: str) -> int:
     def log(msg: str) -> None:
         print(f"[{cfg.name} r{rank} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
-    record: dict[str, Any] = {"rank": rank}
+    rec = RankRecord(out, cfg.name, rank)
+    record = rec.data
     try:
         from vllm import LLM
 
@@ -307,23 +364,22 @@ def main(config_path: str, out_dir: str) -> int:
         except AttributeError:
             record["cudagraph_mode"] = None
         record["fault_hook_layers"] = len(_SHIFTS)
+        rec.write()  # the engine's facts survive a kill during the first pass
         extras: dict[str, Any] = {}
-        passes, fault = run_passes(llm, cfg, log, extras)
-        record.update(ok=True, passes=passes if rank == 0 else {}, fault=fault)
-        record["ledger"] = extras.get("ledger")
-        record["spec"] = extras.get("spec") if rank == 0 else None
+
+        def pass_done(passes: dict[str, dict], fault: dict[str, Any]) -> None:
+            rec.pass_done(passes, extras, fault, keep_tokens=rank == 0)
+            log(f"recorded passes {list(passes)}")
+
+        run_passes(llm, cfg, log, extras, on_pass=pass_done)
+        rec.finish()
     except Exception as e:  # recorded: a configuration that fails is evidence too
-        record.update(
-            ok=False,
-            error=f"{type(e).__name__}: {e}"[:2000],
-            traceback=traceback.format_exc()[-6000:],
-        )
-        log(record["error"])
         try:
             record.setdefault("machine", machine_info())
-        except Exception:  # noqa: BLE001 - the error above is what matters
+        except Exception:  # noqa: BLE001 - the error below is what matters
             pass
-    (out / f"{cfg.name}.rank{rank}.json").write_text(json.dumps(record) + "\n")
+        rec.fail(f"{type(e).__name__}: {e}", traceback.format_exc())
+        log(record["error"])
     log("wrote rank record")
     sys.stdout.flush()
     # external_launcher ranks must not hang in NCCL teardown: leave at once

@@ -5,7 +5,11 @@ report end to end. Its "model" is a hash of the prompt: log-probs depend on ever
 token, TP/DCP add a small deterministic reordering noise (GATE_FAKE_NOISE), the fault pass
 moves every log-prob by 0.5, and GATE_FAKE_BROKEN=<run name> makes that run wrong.
 GATE_FAKE_SHIFT=<run>:<delta> shifts that run's log-probs from step 1 on, GATE_FAKE_FLIP=<run>
-changes one greedy token of its clean pass, an fp8 wire adds GATE_FAKE_WIRE_NOISE. It imports
+changes one greedy token of its clean pass, an fp8 wire adds GATE_FAKE_WIRE_NOISE.
+GATE_FAKE_HANG=<run>:<pass>:<group>[,...] stops that run in that generate() group of that pass (the
+suite's deadline kills it), GATE_FAKE_CRASH=<run>:<pass>:<group> raises there. The rank record
+is the real worker's (gate.worker.RankRecord): rewritten after every pass whose groups all
+returned, so a killed run leaves its finished passes. It imports
 ``vllm`` from whatever tree the launcher put first on PYTHONPATH and records where from; with
 the ledger on it writes a ledger per pass, a speculative run writes spec-decode counters."""
 
@@ -18,6 +22,7 @@ import sys
 from pathlib import Path
 
 from gate import plan
+from gate.worker import RankRecord
 
 
 def _unit(*parts: object) -> float:
@@ -59,48 +64,15 @@ def main(config_path: str, out_dir: str) -> int:
     print(f"[{cfg.name} r{rank}] engine up in 0.0 s", flush=True)  # what the launcher waits for
     time.sleep(float(os.environ.get("GATE_FAKE_PASS_SLEEP", "0")))
 
-    passes = {}
-    ledger = {}
-    for name in cfg.passes:
-        records = {}
-        for keys in plan.pass_groups(cfg, name):
-            for key in keys:
-                ids = plan.prompt_for(key, prompts)
-                digest = plan.prompt_digest(ids)
-                tokens, steps = _steps(cfg, digest, name == "fault")
-                if name == "clean" and os.environ.get("GATE_FAKE_FLIP") == cfg.name:
-                    tokens = tokens[:-1] + [tokens[-1] + 1]
-                records[key] = {
-                    "prompt_len": len(ids),
-                    "prompt_sha256": digest,
-                    "tokens": tokens,
-                    "steps": steps,
-                }
-        passes[name] = records
-        if cfg.engine_extra.get("dcp_comm_ledger_size", 0) > 0:
-            per_row = 656 if cfg.engine_extra.get("dcp_wire_dtype") == "fp8" else 1152
-            rows = sum(r["prompt_len"] for r in records.values())
-            ledger[name] = {
-                "armed": True,
-                "layers": {
-                    f"l{i}": {"q_gather": {"calls": 3, "wire_bytes": rows * per_row}}
-                    for i in range(2)
-                },
-            }
-    record = {
-        "rank": rank,
-        "ok": True,
-        "machine": {
+    rec = RankRecord(Path(out_dir), cfg.name, rank)
+    rec.data.update(
+        machine={
             "vllm": vllm.__version__,
             "vllm_path": str(Path(vllm.__file__).parent),
             "gpus": ["none"],
         },
-        "ledger": ledger or None,
-        "spec": {"clean": {"metrics": {"vllm:spec_decode_num_drafts": 7}, "depths": [2, 2]}}
-        if cfg.speculative and rank == 0
-        else None,
-        "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "NCCL_HOSTID", "WORLD_SIZE")},
-        "attention_layers": [
+        env={k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "NCCL_HOSTID", "WORLD_SIZE")},
+        attention_layers=[
             {
                 "backend": cfg.backend or "AUTO",
                 "impl": "FakeImpl",
@@ -108,12 +80,57 @@ def main(config_path: str, out_dir: str) -> int:
                 "layer": "l0",
             }
         ],
-        "passes": passes if rank == 0 else {},
-        "fault": {"kind": "fake", "dcp_rank": cfg.fault_rank % cfg.dcp}
-        if "fault" in cfg.passes
-        else {},
+    )
+    rec.write()
+    fault = {"kind": "fake", "dcp_rank": cfg.fault_rank % cfg.dcp} if "fault" in cfg.passes else {}
+    stop = {  # comma-separated <run>:<pass>:<group> triples
+        kind: {tuple(x.split(":")) for x in os.environ.get(f"GATE_FAKE_{kind}", "").split(",")}
+        for kind in ("HANG", "CRASH")
     }
-    (Path(out_dir) / f"{cfg.name}.rank{rank}.json").write_text(json.dumps(record))
+    passes: dict[str, dict] = {}
+    extras: dict[str, dict] = {}
+    try:
+        for name in cfg.passes:
+            records = {}
+            for g, keys in enumerate(plan.pass_groups(cfg, name)):
+                here = (cfg.name, name, str(g))
+                if here in stop["HANG"]:
+                    print(f"[{cfg.name} r{rank}] hanging in {name} group {g}", flush=True)
+                    time.sleep(600)
+                if here in stop["CRASH"]:
+                    raise RuntimeError(f"fake crash in {name} group {g}")
+                for key in keys:
+                    ids = plan.prompt_for(key, prompts)
+                    digest = plan.prompt_digest(ids)
+                    tokens, steps = _steps(cfg, digest, name == "fault")
+                    if name == "clean" and os.environ.get("GATE_FAKE_FLIP") == cfg.name:
+                        tokens = tokens[:-1] + [tokens[-1] + 1]
+                    records[key] = {
+                        "prompt_len": len(ids),
+                        "prompt_sha256": digest,
+                        "tokens": tokens,
+                        "steps": steps,
+                    }
+            passes[name] = records
+            if cfg.engine_extra.get("dcp_comm_ledger_size", 0) > 0:
+                per_row = 656 if cfg.engine_extra.get("dcp_wire_dtype") == "fp8" else 1152
+                rows = sum(r["prompt_len"] for r in records.values())
+                extras.setdefault("ledger", {})[name] = {
+                    "armed": True,
+                    "layers": {
+                        f"l{i}": {"q_gather": {"calls": 3, "wire_bytes": rows * per_row}}
+                        for i in range(2)
+                    },
+                }
+            if cfg.speculative and name == "clean":
+                extras["spec"] = {
+                    "clean": {"metrics": {"vllm:spec_decode_num_drafts": 7}, "depths": [2, 2]}
+                }
+            rec.pass_done(passes, extras, fault, keep_tokens=rank == 0)
+    except RuntimeError as e:
+        rec.fail(f"{type(e).__name__}: {e}", "")
+        return 1
+    rec.finish()
     return 0
 
 
