@@ -20,6 +20,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "results"
 OUT = REPO / "design" / "results.md"
+# Schema-1 kernel benches still rendered (the tiling sweep of that base, run 2, is superseded
+# by run 3 and discussed in design/triton-sparse-mla.md)
+OLD_KERNEL_FILES = ("kernel-bench-h200.json",)
 
 
 def load(pattern: str) -> list[tuple[str, dict[str, Any]]]:
@@ -42,6 +45,11 @@ def fmt(x: float | None, digits: int = 3) -> str:
     return f"{x:.0f}" if abs(x) >= 100 else f"{x:.{digits}g}"
 
 
+def ratio(x: float | None) -> str:
+    """A ratio for a table: two decimals."""
+    return "-" if x is None else f"{x:.2f}"
+
+
 def revision(d: dict[str, Any]) -> str:
     rev = d.get("launched_at_revision") or d.get("git_revision") or d.get("revision")
     if isinstance(rev, dict):
@@ -49,48 +57,224 @@ def revision(d: dict[str, Any]) -> str:
     return str(rev)[:12] if rev else "unknown"
 
 
-def kernel_section() -> list[str]:
-    out: list[str] = []
-    for name, d in load("kernel-bench-h200.json"):
-        out += [f"### Triton sparse-MLA vs FlashMLA-sparse (fp8_ds_mla), `{name}`", ""]
-        out += [
-            f"Machine {d['machine']['gpu']}, revision {revision(d)}; command `{d['command']}`.",
-            "Ratio = FlashMLA time / Triton time (1.0 = parity); % HBM = record bytes read /",
-            "time / 4.8 TB/s. Triton times are its best measured tiling of the run.",
-            "",
+def base_of(d: dict[str, Any]) -> str:
+    """The vLLM base a result was measured on: ``base`` (a string or a dict with ``vllm``),
+    else the machine's recorded vLLM version."""
+    b = d.get("base")
+    if isinstance(b, dict):
+        b = b.get("vllm")
+    if isinstance(b, str) and b:
+        return b if b.startswith("vllm") else f"vllm {b}"
+    v = (d.get("machine") or {}).get("vllm")
+    return f"vllm {v}" if v else "unknown base"
+
+
+def old_kernel_table(name: str, d: dict[str, Any]) -> list[str]:
+    """Schema 1 of scripts/bench_sparse_mla_kernel.py (the vLLM 0.26.0 runs)."""
+    out = [f"### Triton sparse-MLA vs FlashMLA-sparse (fp8_ds_mla), {base_of(d)}, `{name}`", ""]
+    out += [
+        f"Machine {d['machine']['gpu']}, revision {revision(d)}; command `{d['command']}`.",
+        "Ratio = FlashMLA time / Triton time (1.0 = parity); % HBM = record bytes read /",
+        "time / 4.8 TB/s. Triton times are its best measured tiling of the run.",
+        "",
+    ]
+    rows = [
+        [
+            e["kind"],
+            e.get("batch", e.get("rows")),
+            e["heads"],
+            e["topk"],
+            fmt(e["triton_ms"] * 1e3),
+            fmt(e.get("flashmla_ms", e.get("flashmla_fp8_mixed_ms", 0)) * 1e3),
+            fmt(e["speed_ratio_flashmla_over_triton"], 2),
+            fmt(e.get("triton_pct_hbm", float("nan")), 2),
+            fmt(e.get("flashmla_pct_hbm", float("nan")), 2),
+            fmt(e["maxdiff_out_triton_vs_flashmla"], 2),
+            fmt(e["maxdiff_lse_triton_vs_flashmla"], 2),
         ]
-        rows = [
+        for e in d["decode"] + d["extend"]
+    ]
+    return out + table(
+        [
+            "kind",
+            "batch/rows",
+            "heads",
+            "top-k",
+            "Triton µs",
+            "FlashMLA µs",
+            "ratio",
+            "Triton % HBM",
+            "FlashMLA % HBM",
+            "max abs Δout",
+            "max abs Δlse",
+        ],
+        rows,
+    )
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _splits(topk: int, block_n: int, num_splits: int) -> int:
+    """The split count a launch really uses: whole BLOCK_N tiles per split, no empty split."""
+    split_len = _cdiv(_cdiv(max(topk, 1), num_splits), block_n) * block_n
+    return max(1, _cdiv(topk, split_len))
+
+
+def policy_num_splits(
+    policy: str, programs: int, topk: int, block_h: int, block_n: int, num_sms: int
+) -> int:
+    """The split count of ``policy`` ("fill" or "occupancy") for one launch, as the kernel's
+    ``_fill_num_splits`` / ``_default_num_splits`` (patch 0002) compute it."""
+    if policy == "fill":
+        target = 2 * num_sms
+        want = 1 if programs >= target else min(_cdiv(topk, block_n), _cdiv(target, programs))
+    else:
+        target = num_sms * (2 if block_h <= 16 else 1)
+        if programs >= target:
+            want = 1
+        else:
+            want = min(max(1, topk // (2 * block_n)), _cdiv(target, programs))
+            want = 1 << (max(want, 1).bit_length() - 1)
+    return _splits(topk, block_n, max(1, want))
+
+
+# split_policy="auto" of patch 0002 (large-shared-memory GPUs): rows x head-blocks <= 4: the
+# half tile (BLOCK_H, 64, 8, 2) and "fill"; <= 8: the default tiling and "fill"; else the default
+# tiling and "occupancy". Always the base variant (no flat_records, no fold_scales).
+AUTO_FEW_PROGRAMS = 4
+AUTO_FILL_PROGRAMS = 8
+
+
+def auto_rule(e: dict[str, Any], num_sms: int) -> tuple[str, dict[str, Any] | None]:
+    """The "auto" launch of one bench row and the sweep point that timed that launch (None
+    when the sweep did not time it)."""
+    plan = e["default_plan"]
+    block_h = plan["block_h"]
+    rows = e.get("batch", e.get("rows"))
+    programs = rows * _cdiv(e["heads"], block_h)
+    tiling = [block_h, plan["block_n"], plan["num_warps"], plan["num_stages"]]
+    if programs <= AUTO_FEW_PROGRAMS:
+        tiling = [block_h, 64, 8, 2]
+    policy = "fill" if programs <= AUTO_FILL_PROGRAMS else "occupancy"
+    splits = policy_num_splits(policy, programs, e["topk"], block_h, tiling[1], num_sms)
+    rule = f"({', '.join(map(str, tiling))}) {policy} ×{splits}"
+    same = [
+        p
+        for p in e.get("points", [])
+        if p["variant"] == "base" and p["tiling"] == tiling and p["num_splits"] == splits
+    ]
+    same.sort(key=lambda p: p["splits_arg"] != policy)  # the point recorded under its name first
+    return rule, (same[0] if same else None)
+
+
+def _point_rule(p: dict[str, Any]) -> str:
+    return (
+        f"{p['variant']} ({', '.join(map(str, p['tiling']))}) {p['splits_arg']} ×{p['num_splits']}"
+    )
+
+
+def kernel_table(name: str, d: dict[str, Any]) -> list[str]:
+    """Schema 2 of scripts/bench_sparse_mla_kernel.py: default launch, "auto" rule and best
+    sweep point per row, CUDA-graph replayed; eager beside it."""
+    sms = d["machine"]["sms"]
+    out = [f"### Triton sparse-MLA vs FlashMLA-sparse (fp8_ds_mla), {base_of(d)}, `{name}`", ""]
+    out += [
+        f"Machine {d['machine']['gpu']} ({sms} SMs), torch {d['machine']['torch']}, Triton "
+        f"{d['machine']['triton']}, revision {revision(d)}, kernel sha256 "
+        f"{d['kernel_sha256'][:12]}; command `{d['command']}`.",
+        f"Timing: {d['timing']}.",
+        "Ratio = FlashMLA time / Triton time (> 1: Triton faster), both CUDA-graph replayed;",
+        "eager ratio = the same with both launched eagerly. Default = the kernel file's default",
+        'launch in that run. Auto = the sweep point of the `split_policy="auto"` launch (base',
+        f"variant; rows x head-blocks <= {AUTO_FEW_PROGRAMS}: (BLOCK_H, 64, 8, 2) fill; <= "
+        f"{AUTO_FILL_PROGRAMS}: default tiling fill; else default tiling occupancy). Best = the",
+        "fastest sweep point: variant (BLOCK_H, BLOCK_N, warps, stages) split policy ×splits.",
+        "% HBM = record bytes read / time / 4.8 TB/s.",
+        "",
+    ]
+    rows = []
+    for e in d["decode"] + d["extend"]:
+        rule, auto = auto_rule(e, sms)
+        best = e["triton_best"]
+        acc = (e.get("accuracy") or {}).get("base") or {}
+        rows.append(
             [
                 e["kind"],
                 e.get("batch", e.get("rows")),
                 e["heads"],
                 e["topk"],
-                fmt(e["triton_ms"] * 1e3),
-                fmt(e.get("flashmla_ms", e.get("flashmla_fp8_mixed_ms", 0)) * 1e3),
-                fmt(e["speed_ratio_flashmla_over_triton"], 2),
-                fmt(e.get("triton_pct_hbm", float("nan")), 2),
-                fmt(e.get("flashmla_pct_hbm", float("nan")), 2),
-                fmt(e["maxdiff_out_triton_vs_flashmla"], 2),
-                fmt(e["maxdiff_lse_triton_vs_flashmla"], 2),
+                fmt(e["flashmla_graph_us"]),
+                fmt(e["triton_default_graph_us"]),
+                ratio(e["speed_over_flashmla"]),
+                rule,
+                fmt(auto["graph_us"]) if auto else "not timed",
+                ratio(auto["speed_over_flashmla"]) if auto else "-",
+                ratio(e["speed_over_flashmla_best"]),
+                _point_rule(best),
+                ratio(e["speed_over_flashmla_eager"]),
+                f"{fmt(e['triton_default_eager_us'])} / {fmt(e['flashmla_eager_us'])}",
+                f"{fmt(e['triton_default_pct_hbm'], 2)} / {fmt(e['flashmla_pct_hbm'], 2)}",
+                f"{fmt(acc.get('maxdiff_out_vs_flashmla'), 2)} / "
+                f"{fmt(acc.get('maxdiff_lse_vs_flashmla'), 2)}",
             ]
-            for e in d["decode"] + d["extend"]
+        )
+    out += table(
+        [
+            "kind",
+            "batch/rows",
+            "heads",
+            "top-k",
+            "FlashMLA graph µs",
+            "Triton default graph µs",
+            "default ratio",
+            "auto launch",
+            "auto graph µs",
+            "auto ratio",
+            "best ratio",
+            "best point",
+            "eager ratio",
+            "eager µs Triton / FlashMLA",
+            "% HBM Triton default / FlashMLA",
+            "max abs Δout / Δlse vs FlashMLA",
+        ],
+        rows,
+    )
+    choice = d.get("plan_choice") or {}
+    ranked = choice.get("global_ranked") or []
+    if ranked:
+        out += [
+            f"Single rules over all decode rows (the bench's `plan_choice`, accuracy gate "
+            f"{json.dumps(choice.get('accuracy_gate'), sort_keys=True)}; recommended: "
+            f"`{choice.get('recommended')}`; best per row at worst "
+            f"{ratio(choice.get('oracle_min_speed_over_flashmla'))} in its slowest "
+            "heads group):",
+            "",
         ]
         out += table(
+            ["rule", "rows", "geomean ratio", "min ratio", "accurate"],
             [
-                "kind",
-                "batch/rows",
-                "heads",
-                "top-k",
-                "Triton µs",
-                "FlashMLA µs",
-                "ratio",
-                "Triton % HBM",
-                "FlashMLA % HBM",
-                "max abs Δout",
-                "max abs Δlse",
+                [
+                    r["rule"],
+                    r["rows"],
+                    ratio(r["geomean_speed_over_flashmla"]),
+                    ratio(r["min_speed_over_flashmla"]),
+                    r["accurate"],
+                ]
+                for r in ranked
             ],
-            rows,
         )
+    return out
+
+
+def kernel_section() -> list[str]:
+    out: list[str] = []
+    for name, d in load("kernel-bench-*.json"):
+        if d.get("schema_version", 1) >= 2:
+            out += kernel_table(name, d)
+        elif name in OLD_KERNEL_FILES:
+            out += old_kernel_table(name, d)
     return out
 
 
@@ -159,6 +343,17 @@ def _side(s: dict[str, Any]) -> str:
         + "".join(f", {t}" for t in tags)
         + ("" if s.get("ok") else " (failed)")
     )
+
+
+def _problems(d: dict[str, Any], width: int = 90) -> str:
+    """Why a gate has no verdict (a run cut by the deadline, a failed rank): its first
+    recorded problem, shortened, and how many more there are; '-' when none."""
+    problems = [str(p) for p in d.get("problems") or []]
+    if not problems:
+        return "-"
+    first = problems[0].replace("|", "/")
+    first = first if len(first) <= width else first[: width - 1] + "…"
+    return first + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
 
 
 def dcp_gate_section() -> list[str]:
@@ -260,7 +455,9 @@ def dcp_gate_section() -> list[str]:
                 f"{w.get('equivalent_under_wire_tolerance')})"
             )
         if kind == "spec":
-            kind += f" (tokens exact: {d['spec']['tokens_exact']['all_exact']})"
+            ran = d["dcp"]["candidate"].get("ok") and d["dcp"]["reference"].get("ok")
+            exact = d["spec"]["tokens_exact"]["all_exact"] if ran else "not run"
+            kind += f" (tokens exact: {exact})"
         rows.append(
             [
                 f"`{name}`" + ("" if kind == "dcp" else f" [{kind}]"),
@@ -275,6 +472,7 @@ def dcp_gate_section() -> list[str]:
                 fmt(d.get("sensitivity", {}).get("over_tolerance"), 2),
                 d.get("meaningful"),
                 revision(d),
+                _problems(d),
             ]
         )
     if rows:
@@ -303,6 +501,99 @@ def dcp_gate_section() -> list[str]:
                 "sensitivity ×tol",
                 "meaningful",
                 "revision",
+                "problems",
+            ],
+            rows,
+        )
+    return out
+
+
+def old_topk_table(name: str, d: dict[str, Any]) -> list[str]:
+    """Schema 1 of the top-k check (the vLLM 0.26.0 run: CuTe DSL vs torch)."""
+    cases = d["cases"]
+    out = [
+        f"### DCP global top-k: CuTe DSL vs the torch fallback, {base_of(d)}, `{name}`",
+        "",
+        f"{len(cases)} cases (top-k x DCP x inputs x rows), identical selections: "
+        f"{sum(c['identical'] for c in cases)}/{len(cases)}; revision {revision(d)}.",
+        "",
+    ]
+    rows = [
+        [
+            c["topk"],
+            c["dcp"],
+            c["kind"],
+            c["rows"],
+            c["identical"],
+            fmt(c["timings"]["select_cutedsl_ms"] * 1e3),
+            fmt(c["timings"]["select_torch_ms"] * 1e3),
+        ]
+        for c in cases
+        if c["rows"] == max(x["rows"] for x in cases)
+    ]
+    return out + table(
+        ["top-k", "DCP", "inputs", "rows", "identical", "CuTe select µs", "torch select µs"],
+        rows,
+    )
+
+
+MERGE_GRIDS = {
+    "decode": "decode grid (random scores, 1-64 rows)",
+    "old36": "the 36-case grid of the 0.26.0 check (random / ties / short rows, 64 and 2048 rows)",
+}
+
+
+def merge_table(name: str, d: dict[str, Any]) -> list[str]:
+    """Schema 2 of scripts/bench_dcp_topk.py: the exact DCP top-k merge, Triton and torch
+    against CuTe DSL, per grid."""
+    s = d["summary"]
+    m = d["machine"]
+    out = [
+        f"### DCP global top-k merge: Triton and torch vs CuTe DSL, {base_of(d)}, `{name}`",
+        "",
+        f"Machine {m['gpu']}, torch {m['torch']}, Triton {m['triton']}, nvidia-cutlass-dsl "
+        f"{m.get('nvidia-cutlass-dsl', '?')}; revision {revision(d)}; command `{d['command']}`.",
+        f"Cases {s['cases_identical']}/{s['cases']} identical (same selected set and bit-identical"
+        " packs as CuTe DSL). × = the implementation's merge time / CuTe DSL's (< 1: faster),",
+        "CUDA-graph replayed unless marked eager. Largest × at decode shapes: Triton "
+        f"{ratio(s['decode_max_time_over_cutedsl']['triton'])}, torch "
+        f"{ratio(s['decode_max_time_over_cutedsl']['torch'])}; over all cases: Triton "
+        f"{ratio(s['max_time_over_cutedsl']['triton'])}, torch "
+        f"{ratio(s['max_time_over_cutedsl']['torch'])}.",
+        "",
+    ]
+    for grid in sorted({c["grid"] for c in d["cases"]}, key=lambda g: (g != "decode", g)):
+        cases = [c for c in d["cases"] if c["grid"] == grid]
+        out += [f"{MERGE_GRIDS.get(grid, grid)}:", ""]
+        rows = [
+            [
+                c["topk"],
+                c["dcp"],
+                c["kind"],
+                c["rows"],
+                c["candidates_per_row"],
+                fmt(c["timings"]["cutedsl"]["merge_graph_ms"] * 1e3),
+                ratio(c["time_over_cutedsl"]["triton"]),
+                ratio(c["time_over_cutedsl"]["torch"]),
+                ratio(c["time_over_cutedsl_eager"]["triton"]),
+                ratio(c["time_over_cutedsl_eager"]["torch"]),
+                c["identical"] and c.get("packs_bit_identical", True),
+            ]
+            for c in cases
+        ]
+        out += table(
+            [
+                "top-k",
+                "DCP",
+                "inputs",
+                "rows",
+                "candidates/row",
+                "CuTe DSL graph µs",
+                "Triton ×",
+                "torch ×",
+                "Triton × eager",
+                "torch × eager",
+                "identical",
             ],
             rows,
         )
@@ -312,31 +603,106 @@ def dcp_gate_section() -> list[str]:
 def topk_section() -> list[str]:
     out: list[str] = []
     for name, d in load("dcp-topk-*.json"):
-        cases = d["cases"]
+        if d.get("schema_version", 1) >= 2 and "summary" in d:
+            out += merge_table(name, d)
+        else:
+            out += old_topk_table(name, d)
+    return out
+
+
+def topk_order_section() -> list[str]:
+    """scripts/repro_topk_order.py: does the indexer top-k return the same order each call,
+    does FlashMLA sparse decode depend on the order, and what a per-row sort costs."""
+    out: list[str] = []
+    for name, d in load("topk-order-*.json"):
         out += [
-            f"### DCP global top-k: CuTe DSL vs the torch fallback, `{name}`",
+            f"### Indexer top-k index order, {base_of(d)}, `{name}`",
             "",
-            f"{len(cases)} cases (top-k x DCP x inputs x rows), identical selections: "
-            f"{sum(c['identical'] for c in cases)}/{len(cases)}; revision {revision(d)}.",
+            f"Machine {d['machine']['gpu']}, torch {d['machine']['torch']}; revision "
+            f"{revision(d)}; command `{d['command']}`. Rows whose index order (or set) differs "
+            "between repeated calls on the same scores:",
             "",
-        ]
-        rows = [
-            [
-                c["topk"],
-                c["dcp"],
-                c["kind"],
-                c["rows"],
-                c["identical"],
-                fmt(c["timings"]["select_cutedsl_ms"] * 1e3),
-                fmt(c["timings"]["select_torch_ms"] * 1e3),
-            ]
-            for c in cases
-            if c["rows"] == max(x["rows"] for x in cases)
         ]
         out += table(
-            ["top-k", "DCP", "inputs", "rows", "identical", "CuTe select µs", "torch select µs"],
-            rows,
+            [
+                "kind",
+                "rows",
+                "context",
+                "top-k",
+                "exact ties",
+                "calls",
+                "order differs",
+                "set differs",
+            ],
+            [
+                [
+                    r["kind"],
+                    r["rows"],
+                    r["ctx"],
+                    r["topk"],
+                    r["ties"],
+                    r["calls"],
+                    r["rows_order_differs"],
+                    r["rows_set_differs"],
+                ]
+                for r in d["order"]
+            ],
         )
+        out += [
+            "FlashMLA sparse decode on the same indices, in the same and in permuted order:",
+            "",
+        ]
+        out += table(
+            [
+                "batch",
+                "heads",
+                "top-k",
+                "same order bit-identical",
+                "permuted bit-identical",
+                "permuted max abs Δout",
+                "permuted max abs Δlse",
+            ],
+            [
+                [
+                    a["batch"],
+                    a["heads"],
+                    a["topk"],
+                    a["same_order_bit_identical"],
+                    a["permuted_bit_identical"],
+                    fmt(a["permuted_max_abs_out_diff"], 3),
+                    fmt(a["permuted_max_abs_lse_diff"], 3),
+                ]
+                for a in d["attention"]
+            ],
+        )
+        out += ["A per-row sort of the top-k indices (not shipped):", ""]
+        out += table(
+            [
+                "rows",
+                "context",
+                "top-k",
+                "calls",
+                "rows differing after sort",
+                "sort ms",
+                "top-k ms",
+                "sort / top-k",
+            ],
+            [
+                [
+                    f["rows"],
+                    f["ctx"],
+                    f["topk"],
+                    f["calls"],
+                    f["rows_differ_after_sort"],
+                    fmt(f["sort_ms"], 3),
+                    fmt(f["topk_ms"], 3),
+                    ratio(f["sort_ms"] / f["topk_ms"]),
+                ]
+                for f in d["fix"]
+            ],
+        )
+        if d.get("errors"):
+            out += [f"Errors: {'; '.join(map(str, d['errors']))}", ""]
     return out
 
 
@@ -529,6 +895,7 @@ def render() -> str:
         equivalence_section,
         dcp_gate_section,
         topk_section,
+        topk_order_section,
         mtp_section,
         tool_section,
         export_section,
