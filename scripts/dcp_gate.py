@@ -557,10 +557,12 @@ def _best_sensitivity(runs: dict[str, Any], ckpt: str, atol: float, ref_name: st
 
 
 def resolve_suite(args: argparse.Namespace) -> dict[str, Any]:
-    """--suite NAME (or a JSON file), or --suites A,B,C (``lease``: plans.LEASE) as one queue."""
+    """--suite NAME (or a JSON file), or --suites A,B,C (``lease``: plans.LEASE,
+    ``lease-next``: plans.LEASE_NEXT) as one queue."""
     names = getattr(args, "suites", None)
     if names:
-        listed = plans.LEASE if names == "lease" else names.split(",")
+        named = {"lease": plans.LEASE, "lease-next": plans.LEASE_NEXT}
+        listed = named[names] if names in named else names.split(",")
         suites = []
         for name in listed:
             one = argparse.Namespace(**{**vars(args), "suite": name, "suites": None})

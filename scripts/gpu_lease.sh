@@ -7,7 +7,7 @@
 # `first`: install the staged vLLM and the patched overlay; the kernel and top-k merge benches
 # and the top-k order repro, each ALONE on the GPU (their times are the figures); then the
 # gate lease (scripts/dcp_gate.py start --suites lease, detached, with an absolute deadline of
-# GATE_DEADLINE_S seconds) and the series' vLLM-tree tests beside the gates' warm-up; then it
+# GATE_DEADLINE_S seconds; GATE_SUITES=lease-next for the next one) and the series' vLLM-tree tests beside the gates' warm-up; then it
 # waits for the gates until the call's 600 s are nearly used. `wait`: waits again (the gate
 # daemon resumes itself if the previous call's end killed it) and collects.
 # A call carries at most 64 MiB: this tree (~7.5 MB) plus one staging part. ../shared/gpu's
@@ -61,7 +61,7 @@ case "${1:?first|wait}" in
       > "$RES/topk-order.log" 2>&1
     tail -12 "$RES/topk-order.log" | cut -c1-250
     echo "=== gates start $(date -u +%T)"
-    python3 scripts/dcp_gate.py start --suites lease --work "$GATE" --deadline-s "$deadline"
+    python3 scripts/dcp_gate.py start --suites "${GATE_SUITES:-lease}" --work "$GATE" --deadline-s "$deadline"
     ( VARIANT=patched; source .gpu/device-env.sh; cd .gpu-tests
       # -v: one line per test as it ends, so a log cut by the timeout still names every
       # outcome (the 2026-12-01 lease's -q log was cut before its summary)
@@ -77,7 +77,8 @@ case "${1:?first|wait}" in
     # a previous call's end may have killed the daemon: start resumes it (the first start's
     # absolute deadline wins: start keeps the earlier of the two)
     python3 scripts/dcp_gate.py wait --work "$GATE" --seconds 1 > /dev/null 2>&1
-    [ $? -eq 4 ] && python3 scripts/dcp_gate.py start --suites lease --work "$GATE" --deadline-s 99999
+    [ $? -eq 4 ] && python3 scripts/dcp_gate.py start --suites "${GATE_SUITES:-lease}" --work "$GATE" \
+      --deadline-s 99999
     gate_wait
     tail -3 "$RES/tree-tests-h200.log" 2>/dev/null
     pack ;;

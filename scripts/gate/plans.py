@@ -358,8 +358,47 @@ PATCHED_GRAPHS: dict[str, Any] = {
     },
 }
 
+
+def _o_gain(args: list[str], gain: str) -> list[str]:
+    out = list(args)
+    out[out.index("--o-gain") + 1] = gain
+    return out
+
+
+# Calibration of a stronger needle (the 2026-12-01 lease: the needle at o-gain 1 moved the
+# first step by 2.2-2.35x the tolerance, below the 5x `meaningful` margin). A larger
+# attention output gain makes the needle's value a larger share of the residual stream, and
+# so of the logits, while the noise floor (one bf16 ULP of the logits) stays put unless the
+# network turns chaotic; each candidate gets its own noise pairs and sensitivity at TP=1 and
+# TP=2 (eager, stock: ~2 minutes on a warm machine). Pick the smallest gain whose
+# sensitivity clears 5x its tolerance, then set NEEDLE_ARGS to it.
+CALIBRATE_GAINS = ("2", "3", "4")
+NEEDLE_CALIBRATE: dict[str, Any] = {
+    "checkpoints": {
+        f"glmn-o{g}": ["--arch", "glm", *_o_gain(NEEDLE_ARGS, g)] for g in CALIBRATE_GAINS
+    },
+    "runs": [
+        run
+        for g in CALIBRATE_GAINS
+        for run in (
+            _run(f"glmn-o{g}-tp1-dcp1", f"glmn-o{g}", 1, 1, ["clean", "repeat", "sensitivity"]),
+            _run(f"glmn-o{g}-tp2-dcp1", f"glmn-o{g}", 2, 1, ["clean"]),
+        )
+    ],
+    "noise": {
+        k: v
+        for g in CALIBRATE_GAINS
+        for k, v in _noise(
+            f"glmn-o{g}", f"glmn-o{g}-tp1-dcp1", f"glmn-o{g}-tp2-dcp1", [f"glmn-o{g}-tp1-dcp1"]
+        ).items()
+    },
+    "gates": {},
+}
+
+
 SUITES = {
     "needle-eager": _needle_suite(False),
+    "needle-calibrate": NEEDLE_CALIBRATE,
     "patched-matrix": PATCHED_MATRIX,
     "patched-variants": PATCHED_VARIANTS,
     "patched-dcp4": PATCHED_DCP4,
@@ -381,6 +420,10 @@ LEASE = [
     "patched-dcp4",
     "patched-dcp4-extras",
 ]
+# The next lease: a stronger needle first (every gate is re-run on the checkpoint it picks,
+# since the 2026-12-01 gates are below the 5x margin), then what that lease did not reach:
+# CUDA graphs, FA-sparse bf16 DCP, the Triton merge and MTP at DCP=2, the DCP=4 rows.
+LEASE_NEXT = ["needle-calibrate", "patched-graphs", "needle-graphs", *LEASE]
 
 
 def merge_suites(suites: list[dict[str, Any]]) -> dict[str, Any]:
