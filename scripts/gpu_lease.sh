@@ -6,9 +6,10 @@
 #     bash scripts/gpu_lease.sh wait                    # each following call
 # `first`: install the staged vLLM and the patched overlay; the kernel and top-k merge benches
 # and the top-k order repro, each ALONE on the GPU (their times are the figures); then the
-# gate lease (scripts/dcp_gate.py start --suites lease, detached, with an absolute deadline of
-# GATE_DEADLINE_S seconds; GATE_SUITES=lease-next for the next one) and the series' vLLM-tree tests beside the gates' warm-up; then it
-# waits for the gates until the call's 600 s are nearly used. `wait`: waits again (the gate
+# gate lease (scripts/dcp_gate.py start --suites $GATE_SUITES, default lease; lease-next for
+# the next one; detached, with an absolute deadline of GATE_DEADLINE_S seconds) and the
+# series' vLLM-tree tests beside the gates' warm-up; then it waits for the gates until the
+# call's 600 s are nearly used. `wait`: waits again (the gate
 # daemon resumes itself if the previous call's end killed it) and collects.
 # A call carries at most 64 MiB: this tree (~7.5 MB) plus one staging part. ../shared/gpu's
 # stage-build.sh cuts 60 MiB parts, too large beside this tree; re-cut them to 54 MiB (29 parts,
