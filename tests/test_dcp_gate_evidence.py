@@ -97,3 +97,18 @@ def test_calibration_suite_and_next_lease_resolve() -> None:
     nxt = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_NEXT])
     assert {r["name"] for r in first["runs"]} <= {r["name"] for r in nxt["runs"]}
     assert plans.LEASE_NEXT[0] == "needle-calibrate"
+
+
+def test_multi_rank_runs_switch_the_allreduce_rms_fusion_off() -> None:
+    """Runs of more than one rank turn vLLM's all-reduce + RMSNorm fusion off (its FlashInfer
+    workspace took 4.6 minutes of a cold start), eager and with graphs alike, without losing
+    the graph settings; a single rank keeps vLLM's defaults."""
+    from gate import worker
+
+    eager = worker.engine_kwargs(plan.GateConfig(name="e", model="m", tp=2, dcp=2))
+    assert eager["compilation_config"] == {"pass_config": {"fuse_allreduce_rms": False}}
+    graphs = worker.engine_kwargs(plan.GateConfig(name="g", model="m", tp=4, graphs=True))
+    assert graphs["compilation_config"]["pass_config"] == {"fuse_allreduce_rms": False}
+    assert graphs["compilation_config"]["cudagraph_mode"] == "FULL_AND_PIECEWISE"
+    single = worker.engine_kwargs(plan.GateConfig(name="s", model="m"))
+    assert "compilation_config" not in single

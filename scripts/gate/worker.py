@@ -143,6 +143,14 @@ def engine_kwargs(cfg: plan.GateConfig) -> dict[str, Any]:
             "cudagraph_mode": "FULL_AND_PIECEWISE",
             "cudagraph_capture_sizes": list(cfg.cudagraph_capture_sizes),
         }
+    if cfg.tp > 1:
+        # vLLM 0.33's all-reduce + RMSNorm fusion pass builds FlashInfer's trtllm all-reduce
+        # workspace when the passes are configured, eager mode included: 4.6 of the 5.5
+        # minutes of the first TP=2 start on the 2026-12-01 lease (rank log 15:14:06 ->
+        # 15:18:44). The gates run vLLM's NCCL all-reduce instead (recorded in
+        # engine_kwargs); the fusion is not what they test.
+        cc = kw.setdefault("compilation_config", {})
+        cc["pass_config"] = {**cc.get("pass_config", {}), "fuse_allreduce_rms": False}
     for key, value in cfg.engine_extra.items():  # validated by GateConfig (plan.py)
         if key == "kernel_config" and isinstance(kw.get(key), dict):
             kw[key] = {**kw[key], **value}
