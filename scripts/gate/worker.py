@@ -144,8 +144,8 @@ def engine_kwargs(cfg: plan.GateConfig) -> dict[str, Any]:
             "cudagraph_capture_sizes": list(cfg.cudagraph_capture_sizes),
         }
     if cfg.tp > 1:
-        # vLLM 0.33's all-reduce + RMSNorm fusion pass builds FlashInfer's trtllm all-reduce
-        # workspace when the passes are configured, eager mode included: 4.6 of the 5.5
+        # vLLM 0.33's all-reduce + RMSNorm fusion pass (enabled in eager mode too, per the
+        # log) builds FlashInfer's trtllm all-reduce workspace in its __init__: 4.6 of the 5.5
         # minutes of the first TP=2 start on the 2026-12-01 lease (rank log 15:14:06 ->
         # 15:18:44). The gates run vLLM's NCCL all-reduce instead (recorded in
         # engine_kwargs); the fusion is not what they test.
