@@ -11,12 +11,13 @@
 # series' vLLM-tree tests beside the gates' warm-up; then it waits for the gates until the
 # call's 600 s are nearly used. `wait`: waits again (the gate
 # daemon resumes itself if the previous call's end killed it) and collects.
-# A call carries at most 64 MiB: this tree (~7.5 MB) plus one staging part. ../shared/gpu's
-# stage-build.sh cuts 60 MiB parts, too large beside this tree; re-cut them to 54 MiB (29 parts,
-# 00..28, the last one small enough to travel with .gpu-overlay and .gpu-tests):
+# A call carries at most 64 MiB: this tree (~10 MB) plus one staging part. ../shared/gpu's
+# stage-build.sh cuts 60 MiB parts, too large beside this tree; re-cut them to 48 MiB (32 parts,
+# 00..31, the last one small enough to travel with .gpu-overlay and .gpu-tests; 54 MiB parts
+# left 0.6 MB to spare beside the 9.9 MB tree of 2026-12-01):
 #     W=/tmp/resplit; mkdir -p $W; cat .gpu-parts/*/chunk.v* > $W/vllm.tar.gz
-#     cat .gpu-parts/*/chunk.d* > $W/deps.tar; (cd $W && split -b 54m -d -a 2 vllm.tar.gz chunk.v \
-#       && split -b 54m -d -a 2 deps.tar chunk.d); rm -rf .gpu-parts; i=0; for c in $W/chunk.*; do
+#     cat .gpu-parts/*/chunk.d* > $W/deps.tar; (cd $W && split -b 48m -d -a 2 vllm.tar.gz chunk.v \
+#       && split -b 48m -d -a 2 deps.tar chunk.d); rm -rf .gpu-parts; i=0; for c in $W/chunk.*; do
 #       d=$(printf .gpu-parts/%02d $i); mkdir -p $d; mv $c $d/; i=$((i+1)); done
 #     (cd .gpu-parts && sha256sum */chunk.* > SHA256SUMS) && cp .gpu-parts/SHA256SUMS .gpu/parts.sha256
 # Everything comes back in at most 8 files under $OUT: the three bench JSON files, lease-logs.tgz
