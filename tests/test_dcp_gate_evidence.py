@@ -112,3 +112,39 @@ def test_multi_rank_runs_switch_the_allreduce_rms_fusion_off() -> None:
     assert graphs["compilation_config"]["cudagraph_mode"] == "FULL_AND_PIECEWISE"
     single = worker.engine_kwargs(plan.GateConfig(name="s", model="m"))
     assert "compilation_config" not in single
+
+
+def test_merge_spy_catches_a_run_that_merged_with_another_backend(monkeypatch) -> None:
+    """The worker notes the backend every DCP merge call receives; a run that asked for the
+    torch merge but merged with the default one is a problem, one that merged with torch is
+    not, and a run that asked for nothing in particular is never one."""
+    import types
+
+    from gate import worker
+
+    calls = []
+    fake = types.ModuleType("vllm.model_executor.layers.sparse_attn_indexer")
+    fake._merge_dcp_topk_global = lambda *a, **k: calls.append(k.get("backend"))
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    monkeypatch.setattr(worker, "_MERGES_SEEN", set())
+    worker.install_merge_spy()
+    worker.install_merge_spy()  # idempotent
+    torch_run = plan.GateConfig(
+        name="t",
+        model="m",
+        tp=2,
+        dcp=2,
+        variant="patched",
+        engine_extra={"kernel_config": {"sparse_indexer_dcp_merge_backend": "torch"}},
+    )
+    fake._merge_dcp_topk_global("logits", "idx")  # the caller passed no backend: "auto"
+    assert calls == [None]
+    assert worker.merge_problems(torch_run) == [
+        "asked for the 'torch' DCP top-k merge, the indexer ran ['auto']"
+    ]
+    worker._MERGES_SEEN.clear()
+    fake._merge_dcp_topk_global("logits", "idx", backend="torch")
+    assert worker.merge_problems(torch_run) == []
+    plain = plan.GateConfig(name="p", model="m", tp=2, dcp=2)
+    fake._merge_dcp_topk_global("logits", "idx", backend="cutedsl")
+    assert worker.merge_problems(plain) == []

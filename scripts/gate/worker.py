@@ -57,6 +57,42 @@ def install_fault_hook() -> None:
     cls._gate_fault_hook = True
 
 
+_MERGES_SEEN: set[str] = set()  # DCP top-k merge backends the indexer really called
+
+
+def install_merge_spy() -> None:
+    """Record which DCP top-k merge backend the sparse indexer really runs.
+
+    The run record's layer list names each layer's attention backend, not the merge its
+    indexer calls; on the 2026-12-01 lease runs that asked for the torch merge ran the
+    default one (DeepseekV32Attention did not pass the setting). The spy wraps the
+    module-level ``_merge_dcp_topk_global`` (looked up at call time by the indexer op, so
+    every caller is seen) and notes its ``backend`` argument ("auto" when none is given)."""
+    import importlib
+
+    sai = importlib.import_module("vllm.model_executor.layers.sparse_attn_indexer")
+    if getattr(sai, "_gate_merge_spy", False):
+        return
+    original = sai._merge_dcp_topk_global
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        _MERGES_SEEN.add(str(kwargs.get("backend", "auto")))
+        return original(*args, **kwargs)
+
+    sai._merge_dcp_topk_global = spy
+    sai._gate_merge_spy = True
+
+
+def merge_problems(cfg: plan.GateConfig) -> list[str]:
+    """A run that asked for a merge backend must have run that one and no other."""
+    kernel = cfg.engine_extra.get("kernel_config") or {}
+    requested = kernel.get("sparse_indexer_dcp_merge_backend")
+    seen = sorted(_MERGES_SEEN)
+    if requested and requested != "auto" and seen != [requested]:
+        return [f"asked for the {requested!r} DCP top-k merge, the indexer ran {seen}"]
+    return []
+
+
 def set_fault(on: bool, fault_rank: int) -> dict[str, Any]:
     import torch
 
@@ -357,6 +393,7 @@ def main(config_path: str, out_dir: str) -> int:
 
         if cfg.dcp > 1:
             install_fault_hook()
+            install_merge_spy()
         kw = engine_kwargs(cfg)
         record["engine_kwargs"] = {k: v for k, v in kw.items()}
         t0 = time.time()
@@ -380,6 +417,11 @@ def main(config_path: str, out_dir: str) -> int:
             log(f"recorded passes {list(passes)}")
 
         run_passes(llm, cfg, log, extras, on_pass=pass_done)
+        if cfg.dcp > 1:
+            record["merge_backends_seen"] = sorted(_MERGES_SEEN)
+            problems = merge_problems(cfg)
+            if problems:
+                raise RuntimeError("; ".join(problems))
         rec.finish()
     except Exception as e:  # recorded: a configuration that fails is evidence too
         try:
