@@ -9,51 +9,39 @@ package ``__init__`` files they import (vLLM's tests import helpers such as
 fixtures and pytest markers). Run pytest from the bundle's root with ``python -m pytest`` so
 that ``tests`` is importable and the installed (patched) vllm is the one under test.
 
-    python scripts/tree_tests_bundle.py build/vllm .gpu-tests
+    .venv/bin/python scripts/tree_tests_bundle.py build/vllm .gpu-tests   # the tool venv
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import re
 import shutil
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO / "tools"), str(REPO / "tests")]  # patchset; upstream_tests
 
 
-def series_test_files(patch_dir: Path) -> list[str]:
-    """Every tests/ path that a patch of the series writes (``+++ b/tests/...``)."""
-    found = set()
-    for patch in sorted(patch_dir.glob("*.patch")):
-        for line in patch.read_text(encoding="utf-8", errors="replace").splitlines():
-            m = re.match(r"^\+\+\+ b/(tests/\S+)", line)
-            if m:
-                found.add(m.group(1))
-    return sorted(found)
+def series_test_files(root: Path = REPO) -> list[str]:
+    """Every tests/ path that a vllm patch of the series writes (the series' own parser)."""
+    from patchset.series import for_target, load_series
+
+    series = for_target(load_series(root), "vllm")
+    return sorted({f.path for patch in series for f in patch.files if f.path.startswith("tests/")})
 
 
 def _imported_test_modules(source: str, path: str) -> set[str]:
-    """Dotted names a test file imports that may be ``tests.*`` modules (relative ones
-    resolved against the file's package); a name may be a module or an attribute."""
+    """Dotted names a test file imports that may be ``tests.*`` modules (relative imports
+    resolved as upstream_tests.py resolves them); a name may be a module or an attribute."""
+    from upstream_tests import imported_names
+
     out: set[str] = set()
-    package = str(Path(path).parent).replace("/", ".")
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
-            if not module.startswith("tests"):
-                continue
+    for module, name in imported_names(source, path):
+        if module.startswith("tests"):
             out.add(module)
-            out.update(f"{module}.{a.name}" for a in node.names)
-        elif isinstance(node, ast.Import):
-            out.update(a.name for a in node.names if a.name.startswith("tests"))
+            if name:
+                out.add(f"{module}.{name}")
     return out
 
 
@@ -82,9 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("tree", type=Path, help="the patched vLLM source tree")
     p.add_argument("dest", type=Path, help="bundle root (replaced)")
-    p.add_argument("--patches", type=Path, default=REPO / "patches" / "vllm")
     args = p.parse_args(argv)
-    seeds = series_test_files(args.patches)
+    seeds = series_test_files()
     missing = [s for s in seeds if not (args.tree / s).is_file()]
     if missing:
         print(f"error: {args.tree} lacks {missing}: is the series applied?", file=sys.stderr)
