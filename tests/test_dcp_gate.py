@@ -260,24 +260,27 @@ def gate_cmd(*args: str) -> list[str]:
     return [sys.executable, str(ROOT / "scripts" / "dcp_gate.py"), *args]
 
 
+def run_gate(*args: str, env: dict[str, str], timeout: int = 60, check: bool = False):
+    """dcp_gate.py with these arguments, output captured as text."""
+    return subprocess.run(
+        gate_cmd(*args), env=env, capture_output=True, text=True, timeout=timeout, check=check
+    )
+
+
 def run_suite(tmp_path: Path, suite: dict | None = None, **env: str) -> subprocess.CompletedProcess:
     path = tmp_path / "suite.json"
     path.write_text(json.dumps(SUITE if suite is None else suite))
-    return subprocess.run(
-        gate_cmd(
-            "suite",
-            "--suite",
-            str(path),
-            "--work",
-            str(tmp_path / "work"),
-            "--out",
-            str(tmp_path / "out"),
-            "--deadline-s",
-            "60",
-        ),
+    return run_gate(
+        "suite",
+        "--suite",
+        str(path),
+        "--work",
+        str(tmp_path / "work"),
+        "--out",
+        str(tmp_path / "out"),
+        "--deadline-s",
+        "60",
         env=gate_env(tmp_path, **env),
-        capture_output=True,
-        text=True,
         timeout=120,
     )
 
@@ -724,12 +727,8 @@ def test_detached_start_wait_collect(tmp_path: Path):
     again = subprocess.run(start, env=env, capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "already runs" in again.stdout
     dest = tmp_path / "dest"
-    wait = subprocess.run(
-        gate_cmd("wait", "--work", str(work), "--seconds", "90", "--dest", str(dest)),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    wait = run_gate(
+        "wait", "--work", str(work), "--seconds", "90", "--dest", str(dest), env=env, timeout=120
     )
     assert wait.returncode == 0, wait.stdout + wait.stderr
     assert "GATE f-dcp2" in wait.stdout and "f-tp2-dcp2: ok=True" in wait.stdout
@@ -737,13 +736,7 @@ def test_detached_start_wait_collect(tmp_path: Path):
     assert (dest / "runs" / "f-tp1.json").is_file() and (dest / "rank-logs.tgz").is_file()
     # a second start resumes: every run is reused, nothing reruns
     subprocess.run(start, env=env, capture_output=True, text=True, timeout=60, check=True)
-    subprocess.run(
-        gate_cmd("wait", "--work", str(work), "--seconds", "60"),
-        env=env,
-        capture_output=True,
-        timeout=90,
-        check=True,
-    )
+    run_gate("wait", "--work", str(work), "--seconds", "60", env=env, timeout=90, check=True)
     assert (work / "daemon.log").read_text().count("reusing") == 3
     # the lease's end never moves later when the suite is started again
     end = float((work / "deadline_epoch").read_text())
@@ -757,47 +750,17 @@ def test_wait_times_out_and_reports_a_killed_suite(tmp_path: Path):
     suite.write_text(json.dumps(SUITE))
     env = gate_env(tmp_path, GATE_FAKE_SLEEP="30")
     work = tmp_path / "work"
-    subprocess.run(
-        gate_cmd("start", "--suite", str(suite), "--work", str(work)),
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    short = subprocess.run(
-        gate_cmd("wait", "--work", str(work), "--seconds", "8"),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run_gate("start", "--suite", str(suite), "--work", str(work), env=env, check=True)
+    short = run_gate("wait", "--work", str(work), "--seconds", "8", env=env)
     assert short.returncode == 3, short.stdout
     pid = json.loads((work / "daemon.pid").read_text())["pid"]
     os.killpg(pid, 9)
-    gone = subprocess.run(
-        gate_cmd("wait", "--work", str(work), "--seconds", "20"),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    gone = run_gate("wait", "--work", str(work), "--seconds", "20", env=env)
     assert gone.returncode == 4, gone.stdout
     # started again: the orphaned ranks of the killed suite are ended, the suite resumes
     fast = gate_env(tmp_path, GATE_FAKE_SLEEP="0")
-    subprocess.run(
-        gate_cmd("start", "--suite", str(suite), "--work", str(work)),
-        env=fast,
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    done = subprocess.run(
-        gate_cmd("wait", "--work", str(work), "--seconds", "60"),
-        env=fast,
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
+    run_gate("start", "--suite", str(suite), "--work", str(work), env=fast, check=True)
+    done = run_gate("wait", "--work", str(work), "--seconds", "60", env=fast, timeout=90)
     assert done.returncode == 0, done.stdout
     log = (work / "daemon.log").read_text()
     assert "ended rank processes a killed suite left" in log
@@ -809,24 +772,19 @@ def test_wait_times_out_and_reports_a_killed_suite(tmp_path: Path):
 def test_the_deadline_kills_and_records_timed_out_and_unstarted_runs(tmp_path: Path):
     path = tmp_path / "suite.json"
     path.write_text(json.dumps(SUITE))
-    proc = subprocess.run(
-        gate_cmd(
-            "suite",
-            "--suite",
-            str(path),
-            "--work",
-            str(tmp_path / "work"),
-            "--out",
-            str(tmp_path / "out"),
-            "--deadline-s",
-            "4",
-            "--max-ranks",
-            "1",
-        ),
+    proc = run_gate(
+        "suite",
+        "--suite",
+        str(path),
+        "--work",
+        str(tmp_path / "work"),
+        "--out",
+        str(tmp_path / "out"),
+        "--deadline-s",
+        "4",
+        "--max-ranks",
+        "1",
         env=gate_env(tmp_path, GATE_FAKE_SLEEP="30"),
-        capture_output=True,
-        text=True,
-        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = tmp_path / "work" / "runs"
@@ -855,12 +813,17 @@ def _suite_until(tmp_path: Path, suite: dict, deadline_s: str, **env: str) -> Pa
     path = tmp_path / "suite.json"
     path.write_text(json.dumps(suite))
     work = tmp_path / "work"
-    proc = subprocess.run(
-        gate_cmd("suite", "--suite", str(path), "--work", str(work), "--out", str(tmp_path / "out"))
-        + ["--deadline-s", deadline_s],
+    proc = run_gate(
+        "suite",
+        "--suite",
+        str(path),
+        "--work",
+        str(work),
+        "--out",
+        str(tmp_path / "out"),
+        "--deadline-s",
+        deadline_s,
         env=gate_env(tmp_path, **env),
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -952,13 +915,15 @@ def test_records_written_before_partial_records_still_report(tmp_path: Path):
             d.pop(key)
         p.write_text(json.dumps(d))
     out = tmp_path / "old"
-    rep = subprocess.run(
-        gate_cmd("report", "--suite", str(tmp_path / "suite.json"))
-        + ["--work", str(tmp_path / "work"), "--out", str(out)],
+    rep = run_gate(
+        "report",
+        "--suite",
+        str(tmp_path / "suite.json"),
+        "--work",
+        str(tmp_path / "work"),
+        "--out",
+        str(out),
         env=gate_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=60,
     )
     assert rep.returncode == 0, rep.stderr[-2000:]
     after = json.loads((out / "dcp-gate-f-dcp2.json").read_text())
@@ -971,13 +936,16 @@ def test_records_written_before_partial_records_still_report(tmp_path: Path):
     d = json.loads((runs / "f-tp2-dcp2.json").read_text())
     d.update(ok=False, passes={}, error="rank 0: no record (exit code -9, timed out)")
     (runs / "f-tp2-dcp2.json").write_text(json.dumps(d))
-    subprocess.run(
-        gate_cmd("report", "--suite", str(tmp_path / "suite.json"))
-        + ["--work", str(tmp_path / "work"), "--out", str(out)],
+    run_gate(
+        "report",
+        "--suite",
+        str(tmp_path / "suite.json"),
+        "--work",
+        str(tmp_path / "work"),
+        "--out",
+        str(out),
         env=gate_env(tmp_path),
         check=True,
-        capture_output=True,
-        timeout=60,
     )
     gate = json.loads((out / "dcp-gate-f-dcp2.json").read_text())
     assert not gate["equivalent"] and "no record" in gate["problems"][0]
