@@ -25,7 +25,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
-PHASES = ("q_gather", "combine", "kv_gather", "ckv_pack", "ckv_gather", "ckv_remap")
+
+def phase_sums(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """One rank's ledger summary of one pass, per phase: calls and wire bytes summed over the
+    layers, the number of layers, and each layer's own calls, bytes and timed-call mean."""
+    phases: dict[str, dict[str, Any]] = {}
+    for layer, per_phase in sorted((summary.get("layers") or {}).items()):
+        for phase, v in per_phase.items():
+            calls, wire = int(v.get("calls", 0)), int(v.get("wire_bytes", 0))
+            p = phases.setdefault(
+                phase, {"calls": 0, "wire_bytes": 0, "layers": 0, "per_layer": {}}
+            )
+            p["calls"] += calls
+            p["wire_bytes"] += wire
+            p["layers"] += 1
+            p["per_layer"][layer] = {
+                "calls": calls,
+                "wire_bytes": wire,
+                "mean_ms": v.get("mean_ms"),
+                "timed_calls": v.get("timed_calls"),
+            }
+    return phases
 
 
 def pass_ledger(run: dict[str, Any], pass_name: str) -> dict[str, Any]:
@@ -44,21 +64,7 @@ def pass_ledger(run: dict[str, Any], pass_name: str) -> dict[str, Any]:
                 f"run {run.get('name')!r} rank {rank.get('rank')}: the ledger was disarmed "
                 f"({summary.get('disarm_reason')})"
             )
-        phases: dict[str, Any] = {}
-        for layer, per_phase in sorted(summary["layers"].items()):
-            for phase, v in per_phase.items():
-                p = phases.setdefault(
-                    phase, {"calls": 0, "wire_bytes": 0, "layers": 0, "per_layer": {}}
-                )
-                p["calls"] += int(v["calls"])
-                p["wire_bytes"] += int(v["wire_bytes"])
-                p["layers"] += 1
-                p["per_layer"][layer] = {
-                    "calls": int(v["calls"]),
-                    "wire_bytes": int(v["wire_bytes"]),
-                    "mean_ms": v.get("mean_ms"),
-                    "timed_calls": v.get("timed_calls"),
-                }
+        phases = phase_sums(summary)
         layers = max((p["layers"] for p in phases.values()), default=0)
         for p in phases.values():
             p["wire_bytes_per_layer"] = p["wire_bytes"] / max(p["layers"], 1)

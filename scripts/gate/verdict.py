@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from gate.ledger import phase_sums
+
 PERTURB_POSITION_NOTE = "one prompt token changed at the position the key names (~p<pos>)"
 TOLERANCE_FACTOR = 4.0
 TOLERANCE_MIN = 1e-3
@@ -351,12 +353,12 @@ def ledger_totals(run: dict[str, Any]) -> dict[str, Any]:
         for pass_name, summ in (entry.get("passes") or {}).items():
             if not summ:
                 continue
-            per_phase: dict[str, int] = {}
+            phases = phase_sums(summ)
+            per_phase = {phase: p["wire_bytes"] for phase, p in phases.items()}
             per_layer: dict[str, dict[str, int]] = {}
-            for layer, phases in (summ.get("layers") or {}).items():
-                for phase, rec in phases.items():
-                    per_phase[phase] = per_phase.get(phase, 0) + int(rec.get("wire_bytes", 0))
-                    per_layer.setdefault(layer, {})[phase] = int(rec.get("wire_bytes", 0))
+            for phase, p in phases.items():
+                for layer, rec in p["per_layer"].items():
+                    per_layer.setdefault(layer, {})[phase] = rec["wire_bytes"]
             slot = out.setdefault(pass_name, {"ranks": {}})
             slot["ranks"][str(entry["rank"])] = {
                 "wire_bytes_by_phase": per_phase,
