@@ -3,9 +3,10 @@
 # the repository root after the staged vLLM is installed (../shared/gpu recipe) and .gpu-overlay
 # (the applied series, from .gpu/overlay-build.sh) is carried:
 #     bash scripts/gpu_h200_session.sh STAGE...
-# Stages: topk | topk-order | tree-tests | eq-triton | eq-flashmla | mtp-exact | mtp-tps | mtp-survey
-# Results are kept in $RES (survives between calls on a warm machine; $OUT is emptied per call)
-# and each stage copies what it wrote to $OUT (copied into results/ afterwards).
+# Stages: kernel | topk | topk-order | tree-tests | eq-triton | eq-flashmla | mtp-exact | mtp-tps | mtp-survey
+# Results are kept in $RES (default /tmp/dcp-res; survives between calls on a warm machine; $OUT
+# is emptied per call) and each stage archives what it wrote to $OUT/STAGE.tar.gz (copied into
+# results/ afterwards). scripts/gpu_lease.sh runs the kernel, topk and tree-tests stages.
 set -uo pipefail
 : "${OUT:?run on the device machine}"
 export DCP_GIT_REV="${DCP_GIT_REV:-unknown}"
@@ -16,26 +17,34 @@ export VLLM_ENABLE_V1_MULTIPROCESSING=0
 export DCP_VLLM_TREE="$HOME/gpu-vllm-patched"
 CKPT=/tmp/tiny_mtp_glm
 S=scripts/gpu_dsa_equivalence.py
-RES=/tmp/dcp-res; mkdir -p "$RES"
+RES=${RES:-/tmp/dcp-res}; mkdir -p "$RES"
 ensure_ckpt() {  # the tiny GlmMoeDsa MTP checkpoints (gpu_mtp_adaptive.py writes its own)
   [ -d "$CKPT/agree" ] || python3 scripts/make_tiny_mtp_ckpt.py --arch glm_moe_dsa --out "$CKPT" > "$RES/mtp-ckpt.log" 2>&1
 }
 for stage in "$@"; do
   echo "=== $stage $(date -u +%T)"; touch "$RES/.stamp-$stage"
   case "$stage" in
+    kernel)
+      # alone on the GPU: its times are the figures (--budget-s bounds the sweep)
+      timeout "${STAGE_TIMEOUT:-200}" python3 scripts/bench_sparse_mla_kernel.py --git-rev "$DCP_GIT_REV" \
+        --kernel-path "$DCP_VLLM_TREE/vllm/v1/attention/ops/triton_sparse_mla.py" \
+        --budget-s "${KERNEL_BUDGET_S:-170}" --out "$RES/kernel-bench-h200-0.33.0.json" > "$RES/kernel-bench.log" 2>&1
+      tail -4 "$RES/kernel-bench.log" | cut -c1-300 ;;
     topk)
-      python3 scripts/bench_dcp_topk.py --vllm-tree "$DCP_VLLM_TREE" --out "$RES/dcp-topk-merge-h200.json" ;;
+      timeout "${STAGE_TIMEOUT:-100}" python3 scripts/bench_dcp_topk.py --vllm-tree "$DCP_VLLM_TREE" \
+        --out "$RES/dcp-topk-merge-h200-0.33.0.json" > "$RES/topk.log" 2>&1
+      tail -4 "$RES/topk.log" | cut -c1-300 ;;
     tree-tests)
       # the series' vLLM-tree tests (the GPU-only ones are skipped on CPU) against the patched
       # install, from the carried bundle .gpu-tests (scripts/tree_tests_bundle.py)
       # (vLLM's conftest first; if it cannot be imported there (exit 4), without it)
       (cd .gpu-tests && { timeout "${STAGE_TIMEOUT:-420}" python3 -m pytest -v -rfEs --timeout 120 -p no:cacheprovider \
         $(cat SERIES_TESTS); rc=$?; [ $rc -eq 4 ] && timeout "${STAGE_TIMEOUT:-420}" python3 -m pytest -v --timeout 120 \
-        -rfEs --noconftest -p no:cacheprovider $(cat SERIES_TESTS); } 2>&1 | tail -60) > "$RES/tree-tests-h200.log" 2>&1
+        -rfEs --noconftest -p no:cacheprovider $(cat SERIES_TESTS); } 2>&1) > "$RES/tree-tests-h200.log" 2>&1
       tail -5 "$RES/tree-tests-h200.log" ;;
     topk-order)
       # is the indexer top-k repeatable, does its order matter (scripts/repro_topk_order.py)
-      timeout "${STAGE_TIMEOUT:-120}" python3 scripts/repro_topk_order.py --out "$RES/topk-order-h200.json" \
+      timeout "${STAGE_TIMEOUT:-120}" python3 scripts/repro_topk_order.py --out "$RES/topk-order-h200-0.33.0.json" \
         > "$RES/topk-order.log" 2>&1; tail -14 "$RES/topk-order.log" | cut -c1-300 ;;
     eq-triton)
       python3 $S run --out-dir "$RES" --name dsa-tp1-triton-fp8 --attention-backend TRITON_MLA_SPARSE_FP8_DS_MLA \

@@ -80,8 +80,8 @@ def test_ledger_refuses_other_prompts_and_missing_ledgers() -> None:
 
 def test_calibration_suite_and_next_lease_resolve() -> None:
     """The needle calibration varies only the attention output gain, every candidate has
-    its noise pairs and a sensitivity run, and the next lease's queue starts with it and
-    still holds every run of the first lease."""
+    its noise pairs and a sensitivity run, and the next lease's queue starts with the stock
+    needle rows, holds the calibration and still holds every run of the first lease."""
     from gate import plans
 
     cal = plans.SUITES["needle-calibrate"]
@@ -89,14 +89,15 @@ def test_calibration_suite_and_next_lease_resolve() -> None:
         args = cal["checkpoints"][f"glmn-o{g}"]
         base = ["--arch", "glm", *plans.NEEDLE_ARGS]
         diff = [(a, b) for a, b in zip(args, base, strict=True) if a != b]
-        assert diff == [(g, "1")] and args[args.index(g) - 1] == "--o-gain"
+        main_gain = plans.NEEDLE_ARGS[plans.NEEDLE_ARGS.index("--o-gain") + 1]
+        assert diff == [(g, main_gain)] and args[args.index(g) - 1] == "--o-gain"
         names = {r["name"] for r in cal["runs"]}
         assert {f"glmn-o{g}-tp1-dcp1", f"glmn-o{g}-tp2-dcp1"} <= names
         assert f"glmn-o{g}: TP=2 DCP=1 vs TP=1" in cal["noise"]
     first = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE])
     nxt = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_NEXT])
     assert {r["name"] for r in first["runs"]} <= {r["name"] for r in nxt["runs"]}
-    assert plans.LEASE_NEXT[0] == "needle-calibrate"
+    assert plans.LEASE_NEXT[0] == "needle-eager" and "needle-calibrate" in plans.LEASE_NEXT
 
 
 def test_multi_rank_runs_switch_the_allreduce_rms_fusion_off() -> None:

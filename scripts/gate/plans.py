@@ -100,7 +100,7 @@ NEEDLE_ARGS = [
     "--qk-gain",
     "1",
     "--o-gain",
-    "1",
+    "3",
     "--down-gain",
     "0.25",
     "--head-gain",
@@ -365,14 +365,15 @@ def _o_gain(args: list[str], gain: str) -> list[str]:
     return out
 
 
-# Calibration of a stronger needle (the 2026-12-01 lease: the needle at o-gain 1 moved the
-# first step by 2.2-2.35x the tolerance, below the 5x `meaningful` margin). A larger
-# attention output gain makes the needle's value a larger share of the residual stream, and
-# so of the logits, while the noise floor (one bf16 ULP of the logits) stays put unless the
-# network turns chaotic; each candidate gets its own noise pairs and sensitivity at TP=1 and
-# TP=2 (eager, stock: ~2 minutes on a warm machine). Pick the smallest gain whose
-# sensitivity clears 5x its tolerance, then set NEEDLE_ARGS to it.
-CALIBRATE_GAINS = ("2", "3", "4")
+# Calibration of a stronger needle. The 2026-12-01 lease's needle (``--o-gain 1``) moved the
+# first step by 2.2-2.35x the tolerance, below the 5x `meaningful` margin. A larger attention
+# output gain makes the needle's value a larger share of the residual stream, and so of the
+# logits (the final RMSNorm keeps their scale, so the noise floor, one bf16 ULP of the logits,
+# stays put unless the network turns chaotic). NEEDLE_ARGS now uses 3 (a bet: one lease cannot
+# calibrate first and then re-run every gate), and this suite measures its neighbours 2 and 4,
+# each with its own noise pairs and sensitivity at TP=1 and TP=2 (eager, stock), so the lease
+# also shows whether 3 was the smallest sufficient gain.
+CALIBRATE_GAINS = ("2", "4")
 NEEDLE_CALIBRATE: dict[str, Any] = {
     "checkpoints": {
         f"glmn-o{g}": ["--arch", "glm", *_o_gain(NEEDLE_ARGS, g)] for g in CALIBRATE_GAINS
@@ -420,10 +421,20 @@ LEASE = [
     "patched-dcp4",
     "patched-dcp4-extras",
 ]
-# The next lease: a stronger needle first (every gate is re-run on the checkpoint it picks,
-# since the 2026-12-01 gates are below the 5x margin), then what that lease did not reach:
-# CUDA graphs, FA-sparse bf16 DCP, the Triton merge and MTP at DCP=2, the DCP=4 rows.
-LEASE_NEXT = ["needle-calibrate", "patched-graphs", "needle-graphs", *LEASE]
+# The next lease (2026-12-01, second): every gate again on the o-gain-3 needle, in priority
+# order: the stock needle rows (noise floor and sensitivity of the new checkpoint), the
+# series' matrix, CUDA graphs (stock and patched), the DCP=2 variant rows (merge backends end
+# to end, routes, wire, MTP), the calibration neighbours, then the DCP=4 rows.
+LEASE_NEXT = [
+    "needle-eager",
+    "patched-matrix",
+    "patched-graphs",
+    "needle-graphs",
+    "patched-variants",
+    "needle-calibrate",
+    "patched-dcp4",
+    "patched-dcp4-extras",
+]
 
 
 def merge_suites(suites: list[dict[str, Any]]) -> dict[str, Any]:

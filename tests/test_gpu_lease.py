@@ -1,0 +1,84 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The lease script's first call, dry-run on CPU with stub commands: it runs the two benches
+(the session script's stages) before the gates start, detaches the tree tests, and returns
+its results in at most 8 files under $OUT."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+STUB_PYTHON = """#!/bin/bash
+echo "$*" >> "$CALLS"
+out=$(echo "$*" | sed -n 's/.*--out \\([^ ]*\\).*/\\1/p')
+case "$*" in
+  *bench_sparse_mla_kernel*|*bench_dcp_topk*) echo '{}' > "$out" ;;
+  *"-m pytest"*) echo "1 passed" ;;
+esac
+exit 0
+"""
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_first_call_orders_benches_before_gates_and_returns_few_files(tmp_path: Path) -> None:
+    """The benches run before `dcp_gate.py start` (alone on the GPU), the tree tests run
+    detached after it, and $OUT holds the bench archives, the logs and nothing else."""
+    tree = tmp_path / "tree"
+    shutil.copytree(REPO / "scripts", tree / "scripts")
+    for name in ("device-install", "device-overlay"):
+        (tree / ".gpu").mkdir(exist_ok=True)
+        (tree / ".gpu" / f"{name}.sh").write_text("true\n")
+    (tree / ".gpu" / "device-env.sh").write_text("true\n")
+    (tree / ".gpu-tests").mkdir()
+    (tree / ".gpu-tests" / "SERIES_TESTS").write_text("tests/x.py\n")
+    stub = tmp_path / "stub"
+    stub.mkdir()
+    for name, body in (("python3", STUB_PYTHON), ("nvidia-smi", "#!/bin/bash\n")):
+        (stub / name).write_text(body)
+        (stub / name).chmod(0o755)
+    (tmp_path / "home" / "gpu-vllm-patched").mkdir(parents=True)
+    out = tmp_path / "out"
+    out.mkdir()
+    calls = tmp_path / "calls.log"
+    env = {
+        **os.environ,
+        "PATH": f"{stub}:{os.environ['PATH']}",
+        "HOME": str(tmp_path / "home"),
+        "OUT": str(out),
+        "LEASE_ROOT": str(tmp_path / "root"),
+        "CALL_S": "40",
+        "CALLS": str(calls),
+    }
+    subprocess.run(
+        ["bash", "scripts/gpu_lease.sh", "first", "500"],
+        cwd=tree,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    log = tmp_path / "root" / "lease" / "tree-tests" / "tree-tests-h200.log"
+    for _ in range(50):  # the detached tree tests
+        if log.is_file() and "passed" in log.read_text():
+            break
+        time.sleep(0.1)
+    lines = calls.read_text().splitlines()
+    order = [
+        next(i for i, line in enumerate(lines) if key in line)
+        for key in ("bench_sparse_mla_kernel", "bench_dcp_topk", "dcp_gate.py start", "-m pytest")
+    ]
+    assert order == sorted(order)
+    assert "--suites lease-next" in lines[order[2]] and "--deadline-s 500" in lines[order[2]]
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["kernel.tar.gz", "lease-logs.tgz", "topk.tar.gz"]
+    with tarfile.open(out / "kernel.tar.gz") as tar:
+        assert "kernel-bench-h200-0.33.0.json" in tar.getnames()
+    assert "passed" in log.read_text()
