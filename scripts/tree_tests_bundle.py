@@ -24,11 +24,17 @@ sys.path[:0] = [str(REPO / "tools"), str(REPO / "tests")]  # patchset; upstream_
 
 
 def series_test_files(root: Path = REPO) -> list[str]:
-    """Every tests/ path that a vllm patch of the series writes (the series' own parser)."""
+    """Every tests/ path that a vllm patch of the series writes (the series' own parser):
+    the files the series adds first, then the upstream files it extends, each group sorted,
+    so that a run cut by its timeout has run the series' own tests (the 2026-12-01 GPU run
+    spent most of its 400 s on the large upstream test_sparse_mla_backends.py)."""
     from patchset.series import for_target, load_series
 
     series = for_target(load_series(root), "vllm")
-    return sorted({f.path for patch in series for f in patch.files if f.path.startswith("tests/")})
+    files = [f for patch in series for f in patch.files if f.path.startswith("tests/")]
+    extended = {f.path for f in files if f.op == "modify"}
+    added = {f.path for f in files} - extended
+    return sorted(added) + sorted(extended)
 
 
 def _imported_test_modules(source: str, path: str) -> set[str]:
