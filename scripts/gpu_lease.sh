@@ -4,6 +4,7 @@
 # recipe; carry .gpu, .gpu-overlay, .gpu-tests):
 #     bash scripts/gpu_lease.sh first GATE_DEADLINE_S   # install, benches, gates start
 #     bash scripts/gpu_lease.sh wait                    # each following call
+#     bash scripts/gpu_lease.sh land STAMP FILES_AT...   # here, afterwards: into results/
 # `first`: install the staged vLLM and the patched overlay; the kernel and top-k merge benches
 # (scripts/gpu_h200_session.sh stages kernel and topk), each ALONE on the GPU (their times are
 # the figures); then the gate lease (scripts/dcp_gate.py start --suites $GATE_SUITES, default
@@ -26,6 +27,42 @@
 # JSON + log, first call only), lease-logs.tgz (overlay log, tree tests, status) and gate.tgz
 # (run records, gate files, rank logs).
 set -uo pipefail
+if [ "${1:-}" = land ]; then
+  # Here, after the lease: put what the calls brought back (FILES_AT: one folder per call, or
+  # the files themselves) into results/. Gate files whose comparison never ran (runs cut by the
+  # deadline) are left out, so an earlier finished file of the same name stays.
+  shift; stamp=${1:?STAMP (e.g. 20261201T1900Z)}; shift
+  [ $# -gt 0 ] || { echo "land STAMP FILES_AT..."; exit 2; }
+  W=$(mktemp -d); mkdir -p results/logs results/dcp-gate-runs
+  for d in "$@"; do
+    for f in kernel topk; do
+      [ -f "$d/$f.tar.gz" ] && tar xzf "$d/$f.tar.gz" -C "$W" && echo "landed $d/$f.tar.gz"
+    done
+    [ -f "$d/gate.tgz" ] && rm -rf "$W/gate" && mkdir -p "$W/gate" && tar xzf "$d/gate.tgz" -C "$W/gate"
+    [ -f "$d/lease-logs.tgz" ] && cp "$d/lease-logs.tgz" "results/logs/gpu-lease-$stamp-logs.tgz"
+  done
+  for f in kernel-bench-h200-0.33.0.json dcp-topk-merge-h200-0.33.0.json; do
+    [ -s "$W/$f" ] && cp "$W/$f" results/ && echo "results/$f"
+  done
+  for f in "$W"/*.log; do [ -f "$f" ] && cp "$f" "results/logs/$(basename "$f" .log)-$stamp.log"; done
+  if [ -d "$W/gate" ]; then  # the last call's gate.tgz holds everything the gates wrote
+    python3 - "$W/gate/results" <<'PY'
+import json, shutil, sys
+from pathlib import Path
+for f in sorted(Path(sys.argv[1]).glob("*.json")):
+    d = json.loads(f.read_text())
+    if d.get("kind") == "dcp_gate" and d.get("max_abs_logprob_diff") is None:
+        print(f"not landed (never compared): {f.name}")
+        continue
+    shutil.copy(f, Path("results") / f.name)
+    print(f"results/{f.name}")
+PY
+    [ -f "$W/gate/rank-logs.tgz" ] && mv "$W/gate/rank-logs.tgz" "results/logs/dcp-gate-lease-$stamp-ranks.tgz"
+    tar czf "results/dcp-gate-runs/lease-$stamp.tgz" -C "$W/gate" \
+      $(cd "$W/gate" && ls -d daemon.log runs status.json 2>/dev/null)
+  fi
+  rm -rf "$W"; exit 0
+fi
 : "${OUT:?run on the device machine}"
 START=$(date +%s)
 CALL_S=${CALL_S:-580}
