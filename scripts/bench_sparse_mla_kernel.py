@@ -92,12 +92,14 @@ PREFETCH_VARIANTS = ("flat_prefetch", "flat_prefetch_slots")
 # on 227 KiB-shared-memory GPUs (_TILINGS_BIG). (16, 64, 8, 2) is the fold variant's
 # tiling without register spills in an offline sm_90 compile (design/triton-sparse-mla.md).
 # BLOCK_H 32 at 64 heads: two head blocks per row, each reading the records (the second
-# mostly from L2), with half the accumulators per program.
+# likely from L2), with half the accumulators per program. The sweep times the other
+# tilings in list order: (BLOCK_H, 64, 8, 2) first (the "auto" launch of <= 4 programs,
+# which results_tables.auto_rule looks up on every row), then BLOCK_H 32.
 # Split policies of the kernel (narrowed in main() for a kernel file without them).
 POLICIES: tuple[str, ...] = ("occupancy", "fill")
 TILINGS: dict[int, list[tuple[int, int, int, int]]] = {
     16: [(16, 64, 4, 2), (16, 64, 8, 2), (16, 128, 8, 2)],
-    64: [(64, 128, 8, 1), (32, 64, 4, 2), (32, 64, 8, 2), (64, 64, 8, 2), (64, 64, 8, 3)],
+    64: [(64, 128, 8, 1), (64, 64, 8, 2), (32, 64, 8, 2), (32, 64, 4, 2), (64, 64, 8, 3)],
 }
 
 
@@ -802,9 +804,9 @@ def sweep_passes(heads_list: list[int], quick: bool) -> list[tuple[str, Callable
 
     The core rows (default launch, every variant with both split policies at the default
     tiling) are timed before these. Then, unless ``quick``: the split policies at the
-    other tilings, one list position of TILINGS at a time (the BLOCK_H 32 tilings of 64
-    heads first); then explicit split counts at the default tiling and at the other
-    tilings (only the oracle per_row_best uses them).
+    other tilings, one list position of TILINGS at a time (so a budget stop leaves whole
+    tilings measured on every row); then explicit split counts at the default tiling and
+    at the other tilings (only the oracle per_row_best uses them).
     """
     passes: list[tuple[str, Callable, bool]] = []
     if not quick:
