@@ -10,7 +10,8 @@ Device command (one H200; stock vLLM 0.33.0 on PYTHONPATH, patched tree at $TREE
     python3 scripts/bench_sparse_mla_kernel.py \
         --kernel-path $TREE/vllm/v1/attention/ops/triton_sparse_mla.py \
         --git-rev $(git rev-parse --short HEAD) --out results/kernel-bench-h200-0.33.0.json
-About 2 minutes including Triton JIT (--budget-s, default 150, bounds it; --quick: ~1 min).
+About 2.5 minutes including Triton JIT (--budget-s, default 150, bounds it; the lead's run:
+`timeout 200 ... --budget-s 170`; --quick: ~1 min).
 
 Same inputs, same run, for both kernels:
   * decode: batch 1..64 rows, 16 and 64 heads, top-k 2048 over a 1M-token cache (random
@@ -30,8 +31,14 @@ default launch (>1: Triton faster), ``speed_over_flashmla_eager`` the same for e
 ``speed_over_flashmla_best`` for the fastest swept point; ``pct_hbm`` = selected records x
 656 B / time as % of 4.8 TB/s. The sweep: kernel variants (``base``; ``flat``: record
 address slot * 656; ``flat_fold``: plus the per-128 scales folded into scores and
-probabilities), tilings (BLOCK_H, BLOCK_N, warps, stages) and split-KV factors (the two
-split policies and explicit counts). ``plan_choice`` ranks the candidate default rules
+probabilities; ``flat_prefetch``: flat with the next tile's slots and record bytes loaded
+into registers before the current tile is computed; ``flat_prefetch_slots``: only the next
+tile's slots and record offsets loaded ahead), tilings (BLOCK_H, BLOCK_N, warps, stages;
+BLOCK_H 32 at 64 heads: two head blocks per row) and split-KV factors (the two split
+policies and explicit counts). Order under the budget: every row's FlashMLA, default launch
+and every variant with both split policies at the default tiling; then the split policies
+at the other tilings (one tiling at a time over all rows); then explicit split counts
+(``sweep_passes``). ``plan_choice`` ranks the candidate default rules
 (variant x split policy x tiling) over all decode rows from these same measurements.
 Variants are checked against FlashMLA and an fp32 reference (max |diff| of out and LSE).
 
@@ -74,15 +81,25 @@ VARIANTS: dict[str, dict[str, bool]] = {
     "base": dict(flat_records=False, fold_scales=False),
     "flat": dict(flat_records=True, fold_scales=False),
     "flat_fold": dict(flat_records=True, fold_scales=True),
+    # The next tile's slots and record bytes loaded into registers ahead (software
+    # pipelining by hand), or only its slots and record offsets; bit-identical to "flat".
+    "flat_prefetch": dict(flat_records=True, fold_scales=False, prefetch=True),
+    "flat_prefetch_slots": dict(flat_records=True, fold_scales=False, prefetch_slots=True),
 }
+# Variants that need a kernel launch argument an older kernel file lacks.
+PREFETCH_VARIANTS = ("flat_prefetch", "flat_prefetch_slots")
 # (block_h, block_n, num_warps, num_stages); the first of each list is today's default
 # on 227 KiB-shared-memory GPUs (_TILINGS_BIG). (16, 64, 8, 2) is the fold variant's
 # tiling without register spills in an offline sm_90 compile (design/triton-sparse-mla.md).
+# BLOCK_H 32 at 64 heads: two head blocks per row, each reading the records (the second
+# likely from L2), with half the accumulators per program. The sweep times the other
+# tilings in list order: (BLOCK_H, 64, 8, 2) first (the "auto" launch of <= 4 programs,
+# which results_tables.auto_rule looks up on every row), then BLOCK_H 32.
 # Split policies of the kernel (narrowed in main() for a kernel file without them).
 POLICIES: tuple[str, ...] = ("occupancy", "fill")
 TILINGS: dict[int, list[tuple[int, int, int, int]]] = {
     16: [(16, 64, 4, 2), (16, 64, 8, 2), (16, 128, 8, 2)],
-    64: [(64, 128, 8, 1), (64, 64, 8, 2), (64, 64, 8, 3)],
+    64: [(64, 128, 8, 1), (64, 64, 8, 2), (32, 64, 8, 2), (32, 64, 4, 2), (64, 64, 8, 3)],
 }
 
 
@@ -605,16 +622,18 @@ class Bench:
         self.finish_row(row)
         return st, row
 
-    def sweep(self, st, row, tilings) -> bool:
-        """More points on one row; False once the budget is spent."""
+    def sweep(self, st, row, tilings, explicit: bool) -> bool:
+        """More points on one row: every variant at ``tilings`` with the split policies
+        (``explicit`` False) or with explicit split counts (True); extend rows take one
+        split either way. False once the budget is spent."""
         programs_of = lambda bh: st["rows"] * math.ceil(st["heads"] / bh)  # noqa: E731
         for tiling in tilings:
             for variant in VARIANTS:
-                splits_list: list[Any] = list(POLICIES)
-                if row["kind"] == "decode":
-                    splits_list += explicit_splits(programs_of(tiling[0]), tiling[1], self.num_sms)
-                else:
-                    splits_list = [1]
+                splits_list: list[Any] = [1]
+                if row["kind"] == "decode" and explicit:
+                    splits_list = explicit_splits(programs_of(tiling[0]), tiling[1], self.num_sms)
+                elif row["kind"] == "decode":
+                    splits_list = list(POLICIES)
                 for splits in splits_list:
                     if self.left() < self.args.reserve_s:
                         return False
@@ -780,6 +799,31 @@ def plan_choice(rows: list[dict[str, Any]]) -> dict[str, Any]:
     )
 
 
+def sweep_passes(heads_list: list[int], quick: bool) -> list[tuple[str, Callable, bool]]:
+    """(label, heads -> tilings, explicit split counts?) of the sweep passes, in order.
+
+    The core rows (default launch, every variant with both split policies at the default
+    tiling) are timed before these. Then, unless ``quick``: the split policies at the
+    other tilings, one list position of TILINGS at a time (so a budget stop leaves whole
+    tilings measured on every row); then explicit split counts at the default tiling and
+    at the other tilings (only the oracle per_row_best uses them).
+    """
+    passes: list[tuple[str, Callable, bool]] = []
+    if not quick:
+        for i in range(max(len(TILINGS[h]) - 1 for h in heads_list)):
+            passes.append(
+                (
+                    f"split policies, other tiling {i + 1}",
+                    lambda h, i=i: TILINGS[h][1 + i : 2 + i],
+                    False,
+                )
+            )
+    passes.append(("split counts, default tiling", lambda h: TILINGS[h][:1], True))
+    if not quick:
+        passes.append(("split counts, other tilings", lambda h: TILINGS[h][1:], True))
+    return passes
+
+
 def main(argv: list[str] | None = None) -> int:
     start = time.time()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -846,6 +890,10 @@ def main(argv: list[str] | None = None) -> int:
             del VARIANTS[name]
         VARIANTS["base"] = {}
         print("kernel file without launch variants: base variant only", flush=True)
+    elif "prefetch" not in getattr(kern.SparseMLAPlan, "__dataclass_fields__", {}):
+        for name in PREFETCH_VARIANTS:
+            VARIANTS.pop(name, None)
+        print("kernel file without prefetch: prefetch variants dropped", flush=True)
     props = torch.cuda.get_device_properties(0)
     result: dict[str, Any] = dict(
         schema_version=2,
@@ -959,14 +1007,14 @@ def main(argv: list[str] | None = None) -> int:
             except Exception:
                 errors.append(f"extend h={heads}: " + traceback.format_exc()[-600:])
             bench.flush()
-    # 3. the sweep: split counts at the default tiling, then the other tilings
-    passes = [("default tiling", lambda h: TILINGS[h][:1])]
-    if not args.quick:
-        passes.append(("other tilings", lambda h: TILINGS[h][1:]))
+    # 3. the sweep, what plan_choice needs first: every variant with the split policies at
+    # the other tilings, one tiling (list position) at a time over all rows, so that a
+    # budget stop leaves whole tilings measured on every row; then explicit split counts
+    # at the default tiling, then at the other tilings.
     complete = True
-    for label, tilings_of in passes:
+    for label, tilings_of, explicit in sweep_passes(heads_list, args.quick):
         for st, row in states + ext_states:
-            if not bench.sweep(st, row, tilings_of(st["heads"])):
+            if not bench.sweep(st, row, tilings_of(st["heads"]), explicit):
                 complete = False
                 break
             bench.flush()

@@ -7,7 +7,7 @@ bundled ptxas; cuobjdump reports registers, stack (spill) bytes and the static i
 These are compile facts, not timings. Used for design/triton-sparse-mla.md:
 
     python scripts/sparse_mla_sm90_compile_stats.py \
-        --kernel-path build/vllm/vllm/v1/attention/ops/triton_sparse_mla.py
+        --kernel-path build/vllm/vllm/v1/attention/ops/triton_sparse_mla.py [--prefetch]
 """
 
 from __future__ import annotations
@@ -21,13 +21,30 @@ import subprocess
 import sys
 import tempfile
 import types
+from collections import Counter
 from pathlib import Path
 
-# (block_h, block_n, num_warps, num_stages, flat_records, fold_scales)
+# (block_h, block_n, num_warps, num_stages, flat_records, fold_scales, prefetch), prefetch
+# one of PREFETCH_MODES
+PREFETCH_MODES = ("none", "records", "slots")  # -, prefetch=True, prefetch_slots=True
 DEFAULT_POINTS = [
-    (bh, bn, w, st, flat, fold)
+    (bh, bn, w, st, flat, fold, "none")
     for bh, bn, w, st in ((16, 64, 4, 2), (16, 64, 8, 2), (64, 128, 8, 1), (64, 64, 8, 2))
     for flat, fold in ((False, False), (True, False), (True, True))
+]
+# --prefetch: flat addressing with and without each prefetch variant, at the tilings the
+# benchmark sweeps (BLOCK_H 32 at 64 heads included).
+PREFETCH_POINTS = [
+    (bh, bn, w, st, True, False, mode)
+    for bh, bn, w, st in (
+        (16, 64, 4, 2),
+        (16, 64, 8, 2),
+        (64, 128, 8, 1),
+        (64, 64, 8, 2),
+        (32, 64, 4, 2),
+        (32, 64, 8, 2),
+    )
+    for mode in PREFETCH_MODES
 ]
 OPS = ("IMAD", "IADD3", "I2F", "F2I", "FMUL", "FFMA", "F2FP", "HADD2", "HMMA", "HGMMA", "LDG")
 
@@ -55,7 +72,7 @@ def compile_point(kern, point) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    bh, bn, warps, stages, flat, fold = point
+    bh, bn, warps, stages, flat, fold, prefetch = point
     fn = kern._sparse_mla_fp8_ds_mla_fwd_kernel
     names = fn.arg_names
     ptrs = {
@@ -76,6 +93,10 @@ def compile_point(kern, point) -> dict:
         EMULATE=False,
         ROUND_OUT=False,
     )
+    if "PREFETCH" in names:  # kernel files from before the prefetch variants lack them
+        consts.update(PREFETCH=prefetch == "records", PREFETCH_SLOTS=prefetch == "slots")
+    elif prefetch != "none":
+        raise SystemExit("--prefetch: this kernel file has no prefetch variants")
     sig = {
         n: ptrs.get(n, "constexpr" if n in consts else "fp32" if n == "qk_scale" else "i32")
         for n in names
@@ -109,10 +130,13 @@ def compile_point(kern, point) -> dict:
         num_stages=stages,
         flat_records=flat,
         fold_scales=fold,
+        prefetch=prefetch,
         registers=int(m.group(1)) if m else None,
         stack_bytes=int(m.group(2)) if m else None,
         shared_bytes=compiled.metadata.shared,
         sass={op: len(re.findall(rf"\b{op}\b", sass)) for op in OPS},
+        # global loads by width / kind (LDGSTS: cp.async into shared memory)
+        loads=dict(sorted(Counter(re.findall(r"\bLDG[.A-Z0-9_]*", sass)).items())),
     )
 
 
@@ -120,11 +144,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernel-path", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=None, help="also write the rows as JSON")
+    parser.add_argument(
+        "--prefetch",
+        action="store_true",
+        help="compile PREFETCH_POINTS (flat, each prefetch variant) instead of DEFAULT_POINTS",
+    )
     args = parser.parse_args()
     os.environ.pop("TRITON_INTERPRET", None)
     kern = load(args.kernel_path)
     rows = []
-    for point in DEFAULT_POINTS:
+    for point in PREFETCH_POINTS if args.prefetch else DEFAULT_POINTS:
         row = compile_point(kern, point)
         rows.append(row)
         print(json.dumps(row), flush=True)
