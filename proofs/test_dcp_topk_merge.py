@@ -10,9 +10,11 @@ Exactness needs each rank's local top-k to use the same order on its own tokens 
 winner is always among its owner's local candidates). With any other local tie order the merged
 row still holds the global top-k's multiset of scores, only the ids among equal scores at the
 boundary may differ; and the ranks agree on the result whatever their local order, because the
-selection depends only on the multiset of gathered candidates. The Triton kernels run under the
-Triton interpreter (``TRITON_INTERPRET=1``), loaded from the patched tree by
-``shipped_triton.load_shipped_triton``.
+selection depends only on the multiset of gathered candidates. The Triton selector's two
+algorithms (``radix``: a radix select over the key's digits, the default; ``bisect``: bisection)
+write identical rows: the ids of the keys above the k-th key in candidate order, then the k-th
+key's copies that fit, then -1. The Triton kernels run under the Triton interpreter
+(``TRITON_INTERPRET=1``), loaded from the patched tree by ``shipped_triton.load_shipped_triton``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import random
 import struct
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -34,6 +37,18 @@ TRITON_SETTINGS = settings(max_examples=40, deadline=None)
 def load_leaf(relpath: str):
     """The shipped merge module, its Triton kernels on the interpreter."""
     return load_shipped_triton(relpath)
+
+
+# The Triton selector's algorithms (and radix digit widths) that the Triton proofs run.
+ALGORITHMS = [("radix", 8), ("bisect", 8)]
+ALL_ALGORITHMS = [("radix", 8), ("radix", 4), ("bisect", 8)]
+
+
+def triton_select(merge, gathered, k, algorithm, out=None):
+    name, radix_bits = algorithm
+    return merge.stable_topk_from_gathered_candidates_triton(
+        gathered, k, out=out, algorithm=name, radix_bits=radix_bits
+    )
 
 
 # Scores with many ties, signed zeros and infinities.
@@ -222,13 +237,42 @@ def assert_triton_row_layout(triton_row: list[int], torch_row: list[int]) -> Non
     assert sorted(valid) == sorted(t for t in torch_row if t >= 0)
 
 
+def cutedsl_key(bits: int, token: int) -> int:
+    """The CuteDSL selector's unsigned 64-bit key of an fp32 bit pattern and an id."""
+    if token < 0:
+        return 0
+    return ((bits ^ (0xFFFFFFFF if bits >> 31 else 0x80000000)) << 32) | (~token & 0xFFFFFFFF)
+
+
+def triton_rows(gathered: torch.Tensor, k: int) -> list[list[int]]:
+    """The rows the Triton selector must write, from the keys in Python ints: with T the k-th
+    largest key, the valid ids of keys above T in candidate order, then those of T's copies
+    (as many as fit), then -1."""
+    rows = []
+    for bits, ids in zip(
+        gathered[..., 0].contiguous().view(torch.int32).tolist(),
+        gathered[..., 1].to(torch.int32).tolist(),
+        strict=True,
+    ):
+        keys = [cutedsl_key(b & 0xFFFFFFFF, i) for b, i in zip(bits, ids, strict=True)]
+        take = min(k, len(keys))
+        kth = sorted(keys, reverse=True)[take - 1] if take else None
+        above = [i for i, key in zip(ids, keys, strict=True) if take and key > kth and i >= 0]
+        equal = [i for i, key in zip(ids, keys, strict=True) if take and key == kth and i >= 0]
+        row = above + equal[: take - len(above)]
+        rows.append(row + [-1] * (k - len(row)))
+    return rows
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=lambda a: f"{a[0]}{a[1]}")
 @TRITON_SETTINGS
 @given(case=sharded_rows())
-def test_triton_merge_equals_topk_over_concatenated_scores(case):
-    """With the Triton pack and the Triton selector, merging the ranks' local top-k candidates
-    selects exactly the first k tokens of the whole row in (score desc, id asc) order (as a
-    set, valid ids first), for generated ranks, interleaves, k, tie-heavy scores with +-0 and
-    +-inf, short rows and row offsets; the Triton pack equals the torch pack bit for bit."""
+def test_triton_merge_equals_topk_over_concatenated_scores(algorithm, case):
+    """With the Triton pack and the Triton selector (each algorithm), merging the ranks' local
+    top-k candidates selects exactly the first k tokens of the whole row in (score desc, id
+    asc) order (as a set, valid ids first, in the selector's documented order), for generated
+    ranks, interleaves, k, tie-heavy scores with +-0 and +-inf, short rows and row offsets; the
+    Triton pack equals the torch pack bit for bit."""
     merge = load_leaf(TOPK_MERGE)
     n, interleave, k, width, rows, lengths, row_offsets = case
     gathered = gather_candidates(
@@ -236,7 +280,8 @@ def test_triton_merge_equals_topk_over_concatenated_scores(case):
     )
     reference = gather_candidates(merge, n, interleave, k, width, rows, lengths, row_offsets)
     assert torch.equal(gathered.view(torch.int32), reference.view(torch.int32))
-    merged = merge.stable_topk_from_gathered_candidates_triton(gathered, k)
+    merged = triton_select(merge, gathered, k, algorithm)
+    assert merged.tolist() == triton_rows(gathered, k)
     for r, (row, length) in enumerate(zip(rows, lengths, strict=True)):
         best = sorted(range(length), key=lambda t: rank_order(row[t], t))[:k]
         assert_triton_row_layout(merged[r].tolist(), best + [-1] * (k - len(best)))
@@ -263,18 +308,21 @@ def raw_candidates(draw):
     return rows, candidates, k, bits, ids
 
 
+@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=lambda a: f"{a[0]}{a[1]}")
 @TRITON_SETTINGS
 @given(case=raw_candidates())
-def test_triton_select_equals_the_torch_reference_on_any_bits(case):
+def test_triton_select_equals_the_torch_reference_on_any_bits(algorithm, case):
     """For any fp32 bit patterns and ids (duplicates and -1 anywhere), the Triton selector
-    picks the same multiset of ids as the torch reference, i.e. the k largest CuteDSL keys."""
+    (each algorithm) picks the same multiset of ids as the torch reference, i.e. the k largest
+    CuteDSL keys, and writes them in its documented order."""
     merge = load_leaf(TOPK_MERGE)
     rows, candidates, k, bits, ids = case
     gathered = torch.empty((rows, candidates, 2))
     gathered[..., 0] = torch.tensor(bits, dtype=torch.int64).to(torch.int32).view(torch.float32)
     gathered[..., 1] = torch.tensor(ids, dtype=torch.float32)
     ref = merge.stable_topk_from_gathered_candidates_torch(gathered, k)
-    got = merge.stable_topk_from_gathered_candidates_triton(gathered, k)
+    got = triton_select(merge, gathered, k, algorithm)
+    assert got.tolist() == triton_rows(gathered, k)
     for r in range(rows):
         assert_triton_row_layout(got[r].tolist(), ref[r].tolist())
         # The reference itself is the k largest keys, written in key order.
@@ -291,29 +339,31 @@ def test_triton_select_equals_the_torch_reference_on_any_bits(case):
         assert ref[r].tolist() == expected + [-1] * (k - len(expected))
 
 
+@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=lambda a: f"{a[0]}{a[1]}")
 @TRITON_SETTINGS
 @given(case=sharded_rows(), data=st.data())
-def test_triton_merge_depends_only_on_the_candidate_multiset(case, data):
+def test_triton_merge_depends_only_on_the_candidate_multiset(algorithm, case, data):
     """Permuting the gathered candidates changes at most the order of the Triton selector's
-    valid ids, never the selected set, so every rank selects the same ids."""
+    valid ids (each algorithm), never the selected set, so every rank selects the same ids."""
     merge = load_leaf(TOPK_MERGE)
     n, interleave, k, width, rows, lengths, row_offsets = case
     gathered = gather_candidates(merge, n, interleave, k, width, rows, lengths, row_offsets)
     perm = data.draw(st.permutations(range(gathered.shape[1])))
     permuted = gathered[:, torch.tensor(perm, dtype=torch.long)].contiguous()
-    a = merge.stable_topk_from_gathered_candidates_triton(gathered, k)
-    b = merge.stable_topk_from_gathered_candidates_triton(permuted, k)
+    a = triton_select(merge, gathered, k, algorithm)
+    b = triton_select(merge, permuted, k, algorithm)
     assert torch.equal(a.sort(dim=1).values, b.sort(dim=1).values)
 
 
-def test_triton_select_writes_a_strided_view_and_rejects_oversized_rows():
+@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=lambda a: f"{a[0]}{a[1]}")
+def test_triton_select_writes_a_strided_view_and_rejects_oversized_rows(algorithm):
     """The selector writes into a column slice of a wider buffer (the indexer's top-k buffer)
     without touching the other columns, and refuses rows beyond its register budget."""
     merge = load_leaf(TOPK_MERGE)
     gathered = torch.randn((3, 24, 2))
     gathered[..., 1] = torch.arange(24).float()
     buffer = torch.full((3, 12), 123, dtype=torch.int32)
-    merge.stable_topk_from_gathered_candidates_triton(gathered, 8, out=buffer[:, :8])
+    triton_select(merge, gathered, 8, algorithm, out=buffer[:, :8])
     assert (buffer[:, 8:] == 123).all()
     ref = merge.stable_topk_from_gathered_candidates_torch(gathered, 8)
     for r in range(3):
@@ -325,3 +375,136 @@ def test_triton_select_writes_a_strided_view_and_rejects_oversized_rows():
         assert "at most" in str(e)
     else:
         raise AssertionError("oversized rows must be refused")
+
+
+# Ids that differ in one byte each, so ties on the score run the radix passes of every byte of
+# the id word; the fp32 patterns at the ends of the order (-NaN 0xFFFFFFFF shares its high word
+# with padding), signed zeros, infinities and a denormal.
+SPREAD_IDS = [0, 1, 255, 256, 257, 65535, 65536, 65537, 2**24 - 1, 2**24, -1]
+EDGE_BITS = [
+    0x00000000,
+    0x80000000,
+    0x7F800000,
+    0xFF800000,
+    0x7FC00000,
+    0x7FFFFFFF,
+    0xFFFFFFFF,
+    0x00000001,
+    0x3F800000,
+    0xBF800000,
+]
+
+
+def gathered_from(bits: list[list[int]], ids: list[list[int]]) -> torch.Tensor:
+    gathered = torch.empty((len(bits), len(bits[0]), 2))
+    gathered[..., 0] = torch.tensor(bits, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    gathered[..., 1] = torch.tensor(ids, dtype=torch.float32)
+    return gathered
+
+
+@st.composite
+def tie_groups(draw):
+    """Rows of few distinct edge-case scores and byte-spread ids (duplicates and -1)."""
+    candidates = draw(st.integers(1, 160))
+    k = draw(st.integers(1, candidates + 4))
+    scores = draw(st.lists(st.sampled_from(EDGE_BITS), min_size=1, max_size=3))
+    bits = draw(st.lists(st.sampled_from(scores), min_size=candidates, max_size=candidates))
+    ids = draw(st.lists(st.sampled_from(SPREAD_IDS), min_size=candidates, max_size=candidates))
+    return k, [bits], [ids]
+
+
+@TRITON_SETTINGS
+@given(case=tie_groups())
+def test_radix_and_bisect_write_identical_rows_on_tie_groups(case):
+    """On rows where most keys tie on the score word (so the radix select runs the id word's
+    passes), with duplicated (score, id) pairs at the boundary, padding and k above the
+    candidate count, every algorithm writes exactly the documented row."""
+    merge = load_leaf(TOPK_MERGE)
+    k, bits, ids = case
+    gathered = gathered_from(bits, ids)
+    expected = triton_rows(gathered, k)
+    for algorithm in ALL_ALGORITHMS:
+        assert triton_select(merge, gathered, k, algorithm).tolist() == expected, algorithm
+
+
+F_ONE, F_TWO, F_THREE = 0x3F800000, 0x40000000, 0x40400000
+NEG_NAN, POS_NAN, POS_INF, NEG_INF = 0xFFFFFFFF, 0x7FC00000, 0x7F800000, 0xFF800000
+
+# (name, score bits, ids, k, the row every algorithm must write)
+EDGE_CASES = [
+    # One score: the id word decides, smaller id first; ids differ in every byte.
+    ("one_score", [F_ONE] * 6, [65536, 256, 1, 65537, 257, 0], 4, [256, 1, 0, 257]),
+    ("one_score_k1", [F_ONE] * 6, [65536, 256, 1, 65537, 257, 0], 1, [0]),
+    # +0.0 ranks above -0.0.
+    ("signed_zeros", [0x80000000, 0, 0x80000000, 0], [0, 1, 2, 3], 3, [1, 3, 0]),
+    # +NaN > +inf > ... > -inf > -NaN(0xFFFFFFFF) > padding (same high word as -NaN).
+    (
+        "nan_inf_padding",
+        [NEG_NAN, 0, NEG_INF, POS_NAN, POS_INF, NEG_NAN],
+        [4, -1, 3, 1, 2, -1],
+        5,
+        [4, 3, 1, 2, -1],
+    ),
+    (
+        "nan_inf_order",
+        [NEG_NAN, 0, NEG_INF, POS_NAN, POS_INF, NEG_NAN],
+        [4, -1, 3, 1, 2, -1],
+        3,
+        [1, 2, 3],
+    ),
+    ("neg_nan_above_padding", [NEG_NAN, NEG_NAN, 0], [-1, 9, -1], 1, [9]),
+    ("padding_only", [F_ONE, F_TWO, 0], [-1, -1, -1], 2, [-1, -1]),
+    ("k_above_candidates", [F_ONE, F_THREE, F_TWO], [5, 6, 7], 5, [6, 7, 5, -1, -1]),
+    # A (score, id) pair offered three times straddles the boundary: its copies come after
+    # the keys above it, as many as fit.
+    ("duplicate_at_boundary", [F_TWO, F_THREE, F_TWO, F_ONE, F_TWO], [7, 1, 7, 2, 7], 3, [1, 7, 7]),
+    (
+        "duplicate_all_fit",
+        [F_TWO, F_THREE, F_TWO, F_ONE, F_TWO],
+        [7, 1, 7, 2, 7],
+        5,
+        [7, 1, 7, 7, 2],
+    ),
+    # The k-th key is unique: it is written after the keys above it.
+    ("unique_kth_last", [F_ONE, F_TWO, F_THREE], [0, 1, 2], 2, [2, 1]),
+]
+
+
+@pytest.mark.parametrize("algorithm", ALL_ALGORITHMS, ids=lambda a: f"{a[0]}{a[1]}")
+@pytest.mark.parametrize(
+    "name,bits,ids,k,expected", EDGE_CASES, ids=[case[0] for case in EDGE_CASES]
+)
+def test_triton_select_edge_cases(algorithm, name, bits, ids, k, expected):
+    """Stated rows (ties decided by id in every byte, +0.0 above -0.0, NaN and infinities,
+    -NaN against padding, padding only, k above the candidate count, a duplicated key at the
+    boundary) are written exactly, by every algorithm and by the Python model of the order."""
+    merge = load_leaf(TOPK_MERGE)
+    gathered = gathered_from([bits], [ids])
+    assert triton_rows(gathered, k) == [expected]
+    assert triton_select(merge, gathered, k, algorithm).tolist() == [expected]
+
+
+@pytest.mark.parametrize("candidates,k", [(1024, 512), (1024, 1), (4096, 2048)])
+def test_radix_equals_bisect_on_a_decode_sized_row(candidates, k):
+    """On decode-sized rows (DCP 2 x top-k 512, DCP 2 x top-k 2048) of random scores, some tied,
+    with padding, the radix select writes exactly the bisection's row and the documented row."""
+    merge = load_leaf(TOPK_MERGE)
+    gen = torch.Generator().manual_seed(candidates + k)
+    gathered = torch.empty((1, candidates, 2))
+    gathered[..., 0] = torch.randn((1, candidates), generator=gen)
+    gathered[0, ::5, 0] = 0.25
+    gathered[..., 1] = torch.randperm(candidates, generator=gen).float().view(1, -1)
+    gathered[0, ::7, 1] = -1.0
+    radix = triton_select(merge, gathered, k, ("radix", 8))
+    assert torch.equal(radix, triton_select(merge, gathered, k, ("bisect", 8)))
+    assert radix.tolist() == triton_rows(gathered, k)
+
+
+def test_triton_select_switches_are_strict():
+    """An unknown algorithm or radix width is an error naming the valid choices."""
+    merge = load_leaf(TOPK_MERGE)
+    gathered = torch.zeros((1, 4, 2))
+    with pytest.raises(ValueError, match="'Radix'; valid choices are 'radix', 'bisect'"):
+        merge.stable_topk_from_gathered_candidates_triton(gathered, 2, algorithm="Radix")
+    with pytest.raises(ValueError, match="radix_bits 5; valid choices are 4, 8"):
+        merge.stable_topk_from_gathered_candidates_triton(gathered, 2, radix_bits=5)

@@ -5,18 +5,19 @@ For every case (DCP ranks simulated in one process) it builds each rank's local 
 local top-k, packs the ``(score, global_id)`` candidates with the CuTe DSL path's Triton pack,
 the leaf's Triton pack and the leaf's torch pack (they must agree bit for bit), concatenates the
 ranks' packs (what the all-gather returns) and selects the global top-k with the CuTe DSL radix
-selector, the leaf's Triton selector and its torch reference. A case is identical when the packs
-are bit-identical and every row selects the same set (the CuTe DSL kernel writes its set in
-atomic order, so rows are compared sorted).
+selector, the leaf's Triton selector (``triton``: its default radix select; ``triton_bisect``: the
+bisection it keeps for comparison) and its torch reference. A case is identical when the packs
+are bit-identical, every row selects the same set (the CuTe DSL kernel writes its set in atomic
+order, so rows are compared sorted) and the two Triton selectors write identical rows.
 
 Times (median of CUDA events) per backend, eager and CUDA-graph-replayed (a graph of up to
 ``--graph-calls`` back-to-back calls, replayed, divided by the call count: the time users get
 under vLLM's CUDA graphs): ``select`` (the selector alone) and ``merge`` (one rank's pack plus
-the selection; the all-gather between them is not timed). Each row carries
-``time_over_cutedsl`` (CUDA-graph merge time of triton / torch over CuTe DSL, the ratio issue 16
-judges) and the same ratios for eager and select-only. Repetitions adapt to the call's time
-(each timing spends about ``--target-ms`` of GPU time, at least 5 repetitions), so the slow torch
-cases do not dominate the run.
+the selection; the all-gather between them is not timed; ``triton_bisect`` packs with the
+Triton pack). Each row carries ``time_over_cutedsl`` (CUDA-graph merge time of triton /
+triton_bisect / torch over CuTe DSL, the ratio issue 16 judges) and the same ratios for eager
+and select-only. Repetitions adapt to the call's time (each timing spends about ``--target-ms``
+of GPU time, at least 5 repetitions), so the slow torch cases do not dominate the run.
 
 Grids: ``decode`` = rows 1, 2, 8, 32, 64 x DCP 2/4 x top-k 512/2048 (``--decode-topk``; random
 scores); ``old36`` = the 0.26 grid of results/dcp-topk-h200.json (random / ties / short x rows
@@ -27,7 +28,8 @@ killed run keeps what it measured).
 Needs one CUDA GPU, the vLLM 0.33.0 wheel with nvidia-cutlass-dsl and quack-kernels importable,
 and the patched tree (the leaf module is loaded from it by path). Writes
 ``results/dcp-topk-merge-<gpu>-<UTC stamp>.json`` (or ``--out``); exits 1 when a case differs.
-About 60-90 s on one H200 including the CuTe DSL and Triton JIT.
+About 30-60 s on one H200 including the CuTe DSL and Triton JIT (the three-backend run of
+results/dcp-topk-merge-h200-0.33.0.json took 28 s; the fourth variant adds about a quarter).
 
     python scripts/bench_dcp_topk.py --vllm-tree build/vllm
 """
@@ -35,6 +37,7 @@ About 60-90 s on one H200 including the CuTe DSL and Triton JIT.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -59,7 +62,9 @@ WORLDS = (2, 4)
 DECODE_ROWS = (1, 2, 8, 32, 64)
 OLD_ROWS = (64, 2048)
 KINDS = ("random", "ties", "short")
-BACKENDS = ("cutedsl", "triton", "torch")
+BACKENDS = ("cutedsl", "triton", "triton_bisect", "torch")
+# The variants compared with CuTe DSL.
+VARIANTS = BACKENDS[1:]
 
 
 def load_leaf(tree: Path) -> ModuleType:
@@ -181,11 +186,14 @@ def run_case(
     packers = {
         "cutedsl": cute.pack_dcp_topk_candidates_cutedsl,
         "triton": leaf.pack_dcp_topk_candidates_triton,
+        "triton_bisect": leaf.pack_dcp_topk_candidates_triton,
         "torch": leaf.pack_dcp_topk_candidates_torch,
     }
+    triton_select = leaf.stable_topk_from_gathered_candidates_triton
     selectors = {
         "cutedsl": cute.stable_topk_from_gathered_candidates_cutedsl,
-        "triton": leaf.stable_topk_from_gathered_candidates_triton,
+        "triton": functools.partial(triton_select, algorithm="radix"),
+        "triton_bisect": functools.partial(triton_select, algorithm="bisect"),
         "torch": leaf.stable_topk_from_gathered_candidates_torch,
     }
     packs_equal = True
@@ -208,8 +216,12 @@ def run_case(
     reference = selected["cutedsl"].sort(dim=1).values
     rows_differing = {
         name: int((selected[name].sort(dim=1).values != reference).any(dim=1).sum().item())
-        for name in ("triton", "torch")
+        for name in VARIANTS
     }
+    # Both Triton algorithms write the same documented row order, not only the same set.
+    triton_rows_differing = int(
+        (selected["triton"] != selected["triton_bisect"]).any(dim=1).sum().item()
+    )
 
     logits0, local0, starts0 = inputs[0]
     pack_out = torch.empty((rows, topk, 2), device="cuda", dtype=torch.float32)
@@ -237,9 +249,9 @@ def run_case(
 
     def ratios(key: str) -> dict[str, float]:
         base = timings["cutedsl"][key]
-        return {name: timings[name][key] / base for name in ("triton", "torch")}
+        return {name: timings[name][key] / base for name in VARIANTS}
 
-    identical = packs_equal and not any(rows_differing.values())
+    identical = packs_equal and not any(rows_differing.values()) and not triton_rows_differing
     return {
         "grid": grid,
         "topk": topk,
@@ -250,6 +262,7 @@ def run_case(
         "seed": seed,
         "packs_bit_identical": packs_equal,
         "rows_with_different_set": rows_differing,
+        "rows_triton_radix_vs_bisect_differing": triton_rows_differing,
         "identical": identical,
         "timings": timings,
         "time_over_cutedsl": ratios("merge_graph_ms"),
@@ -348,11 +361,15 @@ def main(argv: list[str] | None = None) -> int:
                 "cases_identical": sum(c["identical"] for c in results),
                 "decode_max_time_over_cutedsl": {
                     name: max((c["time_over_cutedsl"][name] for c in decode), default=None)
-                    for name in ("triton", "torch")
+                    for name in VARIANTS
                 },
                 "max_time_over_cutedsl": {
                     name: max((c["time_over_cutedsl"][name] for c in results), default=None)
-                    for name in ("triton", "torch")
+                    for name in VARIANTS
+                },
+                "decode_max_select_time_over_cutedsl": {
+                    name: max((c["select_time_over_cutedsl"][name] for c in decode), default=None)
+                    for name in VARIANTS
                 },
             },
             "cases": results,
@@ -383,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"[{time.time() - started:5.1f}s] {grid:6s} topk={topk} dcp={world} {kind:6s} "
             f"rows={rows:5d} identical={case['identical']} cutedsl {t:.1f} us (graph merge), "
-            f"triton x{r['triton']:.2f} torch x{r['torch']:.2f}",
+            f"triton x{r['triton']:.2f} triton_bisect x{r['triton_bisect']:.2f} "
+            f"torch x{r['torch']:.2f}",
             flush=True,
         )
 
