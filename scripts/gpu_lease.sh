@@ -30,7 +30,8 @@ set -uo pipefail
 if [ "${1:-}" = land ]; then
   # Here, after the lease: put what the calls brought back (FILES_AT: one folder per call, or
   # the files themselves) into results/. Gate files whose comparison never ran (runs cut by the
-  # deadline) are left out, so an earlier finished file of the same name stays.
+  # deadline) are left out, so an earlier finished file of the same name stays; so is a gate
+  # file without a caught negative control where the earlier file of that name has one.
   shift; stamp=${1:?STAMP (e.g. 20261201T1900Z)}; shift
   [ $# -gt 0 ] || { echo "land STAMP FILES_AT..."; exit 2; }
   W=$(mktemp -d); mkdir -p results/logs results/dcp-gate-runs
@@ -53,6 +54,15 @@ for f in sorted(Path(sys.argv[1]).glob("*.json")):
     d = json.loads(f.read_text())
     if d.get("kind") == "dcp_gate" and d.get("max_abs_logprob_diff") is None:
         print(f"not landed (never compared): {f.name}")
+        continue
+    old = Path("results") / f.name
+    if (
+        d.get("kind") == "dcp_gate"
+        and not d.get("negative_control_detected")
+        and old.is_file()
+        and json.loads(old.read_text()).get("negative_control_detected")
+    ):
+        print(f"not landed (its negative control did not run; {old} has one): {f.name}")
         continue
     shutil.copy(f, Path("results") / f.name)
     print(f"results/{f.name}")
