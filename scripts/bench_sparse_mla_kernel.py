@@ -268,11 +268,12 @@ def codec_vs_writer(kern) -> dict[str, Any]:
         bytes_differ_scales=int(diff[:, 512:528].sum()),
         bytes_differ_rope=int(diff[:, 528:].sum()),
     )
-    # The same math with a Python-scalar divisor (reciprocal multiply on CUDA).
+    # vLLM 0.26's writer rule, max(amax / 448, FLT_MIN) without the power-of-two rounding
+    # that 0.33's writer applies: how many scales that rule would get wrong.
     amax = kv_c.float().view(n, 4, 128).abs().amax(-1)
-    scalar_scale = torch.clamp(amax / 448.0, min=torch.finfo(torch.float32).tiny)
+    old_scale = torch.clamp(amax / torch.full_like(amax, 448.0), min=torch.finfo().tiny)
     theirs_scale = theirs[:, 512:528].contiguous().view(torch.float32)
-    res["scales_differ_if_scalar_divisor"] = int((scalar_scale != theirs_scale).sum())
+    res["scales_differ_under_the_0_26_rule"] = int((old_scale != theirs_scale).sum())
     d = (kern.dequantize_fp8_ds_mla(ours) - kern.dequantize_fp8_ds_mla(theirs)).abs()
     res["dequant_max_abs_diff"] = float(d.max())
     bad = diff[:, :512].nonzero()[:5].tolist()

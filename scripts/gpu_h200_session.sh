@@ -36,12 +36,27 @@ for stage in "$@"; do
       tail -4 "$RES/topk.log" | cut -c1-300 ;;
     tree-tests)
       # the series' vLLM-tree tests (the GPU-only ones are skipped on CPU) against the patched
-      # install, from the carried bundle .gpu-tests (scripts/tree_tests_bundle.py)
-      # (vLLM's conftest first; if it cannot be imported there (exit 4), without it)
-      (cd .gpu-tests && { timeout "${STAGE_TIMEOUT:-420}" python3 -m pytest -v -rfEs --timeout 120 -p no:cacheprovider \
-        $(cat SERIES_TESTS); rc=$?; [ $rc -eq 4 ] && timeout "${STAGE_TIMEOUT:-420}" python3 -m pytest -v --timeout 120 \
-        -rfEs --noconftest -p no:cacheprovider $(cat SERIES_TESTS); } 2>&1) > "$RES/tree-tests-h200.log" 2>&1
-      tail -5 "$RES/tree-tests-h200.log" ;;
+      # install, from the carried bundle .gpu-tests (scripts/tree_tests_bundle.py): the wheels
+      # vLLM's conftest needs (tblib) installed offline first, then one pytest per file
+      # (--tb=short: a file cut by its timeout still leaves its tracebacks), the series' own
+      # files first, until STAGE_TIMEOUT; a file whose conftest cannot be imported (exit 4)
+      # is run again with --noconftest, and the summary says so.
+      LOG="$RES/tree-tests-h200.log"; : > "$LOG"
+      (cd .gpu-tests && if ls wheels/*.whl > /dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps wheels/*.whl >> "$LOG" 2>&1; fi)
+      END=$(( $(date +%s) + ${STAGE_TIMEOUT:-420} ))
+      for f in $(cat .gpu-tests/SERIES_TESTS); do
+        left=$(( END - $(date +%s) )); if [ $left -le 5 ]; then echo "== $f: not run (stage time out)" >> "$LOG"; continue; fi
+        per=$(( left < ${FILE_TIMEOUT:-240} ? left : ${FILE_TIMEOUT:-240} ))
+        t0=$(date +%s); echo "== $f" >> "$LOG"
+        (cd .gpu-tests && timeout "$per" python3 -m pytest -v -rfEs --tb=short --timeout 120 -p no:cacheprovider "$f") >> "$LOG" 2>&1
+        rc=$?; how=conftest
+        if [ $rc -eq 4 ]; then how=noconftest
+          (cd .gpu-tests && timeout "$per" python3 -m pytest -v -rfEs --tb=short --timeout 120 --noconftest -p no:cacheprovider "$f") >> "$LOG" 2>&1
+          rc=$?; fi
+        echo "== $f: rc=$rc ($how, $(( $(date +%s) - t0 )) s)" >> "$LOG"
+      done
+      grep '^== .*: ' "$LOG" ;;
     topk-order)
       # is the indexer top-k repeatable, does its order matter (scripts/repro_topk_order.py)
       timeout "${STAGE_TIMEOUT:-120}" python3 scripts/repro_topk_order.py --out "$RES/topk-order-h200-0.33.0.json" \

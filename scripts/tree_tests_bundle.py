@@ -6,8 +6,11 @@ GPU-only tests (the ones the CPU runs skip) travel as a small bundle: every ``te
 some patch of the series adds or edits, plus the closure of the ``tests.*`` modules and
 package ``__init__`` files they import (vLLM's tests import helpers such as
 ``tests.v1.attention.utils``), with vLLM's ``tests/conftest.py`` and ``pyproject.toml`` (its
-fixtures and pytest markers). Run pytest from the bundle's root with ``python -m pytest`` so
-that ``tests`` is importable and the installed (patched) vllm is the one under test.
+fixtures and pytest markers), and under ``wheels/`` the wheels of what that conftest imports
+beyond vLLM's own requirements (``CONFTEST_WHEELS``; the GPU machine has no package index, and
+without tblib the 2026-12-01 run fell back to ``--noconftest`` and lost every fixture). Run
+pytest from the bundle's root with ``python -m pytest`` so that ``tests`` is importable and the
+installed (patched) vllm is the one under test.
 
     .venv/bin/python scripts/tree_tests_bundle.py build/vllm .gpu-tests   # the tool venv
 """
@@ -16,11 +19,23 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "tools"), str(REPO / "tests")]  # patchset; upstream_tests
+
+
+# Imported by vLLM 0.33.0's tests/conftest.py, not required by vLLM itself (pure Python).
+CONFTEST_WHEELS = ("tblib",)
+
+
+def download_wheels(dest: Path, names: tuple[str, ...] = CONFTEST_WHEELS) -> None:
+    """``pip download`` the wheels (no dependencies: they have none) into ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:"]
+    subprocess.run([*cmd, "-d", str(dest), *names], check=True)
 
 
 def series_test_files(root: Path = REPO) -> list[str]:
@@ -76,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("tree", type=Path, help="the patched vLLM source tree")
     p.add_argument("dest", type=Path, help="bundle root (replaced)")
+    p.add_argument(
+        "--no-wheels", action="store_true", help=f"do not download {', '.join(CONFTEST_WHEELS)}"
+    )
     args = p.parse_args(argv)
     seeds = series_test_files()
     missing = [s for s in seeds if not (args.tree / s).is_file()]
@@ -89,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     for rel in files:
         (args.dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(args.tree / rel, args.dest / rel)
+    if not args.no_wheels:
+        download_wheels(args.dest / "wheels")
     tests = [s for s in seeds if Path(s).name.startswith("test_")]
     (args.dest / "SERIES_TESTS").write_text("\n".join(tests) + "\n")
     print(f"{len(files)} files ({len(tests)} test files of the series) -> {args.dest}")

@@ -82,3 +82,67 @@ def test_first_call_orders_benches_before_gates_and_returns_few_files(tmp_path: 
     with tarfile.open(out / "kernel.tar.gz") as tar:
         assert "kernel-bench-h200-0.33.0.json" in tar.getnames()
     assert "passed" in log.read_text()
+
+
+STAGE_PYTHON = """#!/bin/bash
+echo "$*" >> "$CALLS"
+case "$*" in
+  *"pip install"*) exit 0 ;;
+  *--noconftest*tests/b.py) echo "1 failed"; exit 1 ;;
+  *tests/b.py) echo "ImportError while loading conftest"; exit 4 ;;
+  *tests/slow.py) sleep 30 ;;
+  *) echo "1 passed"; exit 0 ;;
+esac
+"""
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_tree_tests_stage_runs_each_file_and_reports_how(tmp_path: Path) -> None:
+    """The tree-tests stage installs the bundle's wheels offline, runs one pytest per file
+    with short tracebacks, reruns a file without vLLM's conftest only when that cannot be
+    imported (exit 4), cuts a file at the stage's time limit and names the files it never
+    started."""
+    tree = tmp_path / "tree"
+    shutil.copytree(REPO / "scripts", tree / "scripts")
+    bundle = tree / ".gpu-tests"
+    (bundle / "wheels").mkdir(parents=True)
+    (bundle / "wheels" / "tblib-3.0.0-py3-none-any.whl").write_text("")
+    (bundle / "SERIES_TESTS").write_text("tests/a.py\ntests/b.py\ntests/slow.py\ntests/c.py\n")
+    stub = tmp_path / "stub"
+    stub.mkdir()
+    (stub / "python3").write_text(STAGE_PYTHON)
+    (stub / "python3").chmod(0o755)
+    calls = tmp_path / "calls.log"
+    res = tmp_path / "res"
+    res.mkdir()
+    env = {
+        **os.environ,
+        "PATH": f"{stub}:{os.environ['PATH']}",
+        "RES": str(res),
+        "OUT": str(res),
+        "CALLS": str(calls),
+        "STAGE_TIMEOUT": "12",
+        "DCP_VLLM_TREE": str(tree),
+    }
+    subprocess.run(
+        ["bash", "scripts/gpu_h200_session.sh", "tree-tests"],
+        cwd=tree,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    log = (res / "tree-tests-h200.log").read_text()
+    summary = [
+        line.split(" (")[0] for line in log.splitlines() if line.startswith("== ") and ": " in line
+    ]
+    assert summary == [
+        "== tests/a.py: rc=0",
+        "== tests/b.py: rc=1",
+        "== tests/slow.py: rc=124",
+        "== tests/c.py: not run",
+    ]
+    assert "(noconftest," in log and "(conftest," in log
+    lines = calls.read_text().splitlines()
+    assert "pip install -q --no-index --no-deps wheels/tblib-3.0.0-py3-none-any.whl" in lines[0]
+    assert all("--tb=short" in line for line in lines[1:])
