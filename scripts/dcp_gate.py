@@ -460,7 +460,11 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
             "kind": verdict.NOISE_KIND,
             "checkpoint": ckpt,
             "command": shlex.join([sys.executable, *sys.argv]),
-            "revision": revision(),
+            # the runs' revision (what was measured) plus the one that derived the verdict
+            "revision": dict(
+                next((r["revision"] for r in runs.values() if r.get("revision")), {}),
+                report=revision()["series"],
+            ),
             "base": next((r.get("base") for r in runs.values() if r.get("base")), None),
             "machine": next((r.get("machine") for r in runs.values() if r.get("machine")), None),
             "noise_pairs": pairs,

@@ -36,6 +36,14 @@ def table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
     return lines + [""]
 
 
+def _sensitivity_figure(s: dict) -> float | None:
+    """The sensitivity figure of one run: the lower bound (files since 2026-12-01 20Z), else
+    the common-ids figure the earlier files carry."""
+    if "min_first_step_move_lower_bound" in s:
+        return s["min_first_step_move_lower_bound"]
+    return s.get("min_first_step_max_abs_logprob_diff")
+
+
 def fmt(x: float | None, digits: int = 3) -> str:
     """A figure for a table: whole numbers from 100 up, else ``digits`` significant digits."""
     if x is None:
@@ -378,8 +386,7 @@ def dcp_gate_section() -> list[str]:
                 for k, v in sorted(d["noise_pairs"].items())
             )
             sens = "; ".join(
-                f"{run}: {fmt(s.get('min_first_step_max_abs_logprob_diff'), 3)}"
-                f" (×tol {fmt(s.get('over_tolerance'), 3)})"
+                f"{run}: {fmt(_sensitivity_figure(s), 3)} (×tol {fmt(s.get('over_tolerance'), 3)})"
                 for run, s in sorted(d["sensitivity"].items())
             )
             t = d["tolerance"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import subprocess
 import sys
@@ -114,11 +115,32 @@ def test_pair_noise_is_measured_without_a_tolerance():
 def test_sensitivity_is_the_smallest_first_step_move():
     moved = {"single/8~p5": shifted(REF, 0.4, at_step=0) | {"prompt_sha256": "p"}}
     sens = verdict.sensitivity(run_of(REF, sensitivity=moved), atol=0.01)
+    assert sens["min_first_step_move_lower_bound"] == pytest.approx(0.4)
     assert sens["min_first_step_max_abs_logprob_diff"] == pytest.approx(0.4)
     assert sens["sufficient"] and sens["over_tolerance"] == pytest.approx(40)
     weak = {"single/8~p5": shifted(REF, 0.02, at_step=0)}
     assert not verdict.sensitivity(run_of(REF, sensitivity=weak), atol=0.01)["sufficient"]
     assert verdict.sensitivity(run_of(REF))["measured"] is False
+
+
+def test_step_move_lower_bound_counts_ids_that_leave_the_top_k():
+    """An id in one top-k list only moved at least its log-prob minus the other list's
+    smallest; ids in both count exactly; the bound never exceeds the true largest move."""
+    a = step((5, -0.1), (9, -2.5), (4, -3.0))
+    b = step((7, -0.3), (4, -3.2), (8, -3.5))  # 5 and 9 left (now <= -3.5), 7 and 8 entered
+    assert verdict.step_difference(a, b) == (pytest.approx(0.2), 1)  # only id 4 in both
+    assert verdict.step_move_lower_bound(a, b) == pytest.approx(3.4)  # id 5: -0.1 - (-3.5)
+    assert verdict.step_move_lower_bound(a, copy.deepcopy(a)) == 0.0
+    full_a = {5: -0.1, 9: -2.5, 4: -3.0, 7: -4.0, 8: -6.0}
+    full_b = {5: -3.6, 9: -3.9, 4: -3.2, 7: -0.3, 8: -3.5}  # consistent with both lists
+    assert verdict.step_move_lower_bound(a, b) <= max(abs(full_a[t] - full_b[t]) for t in full_a)
+    nan = step((5, float("nan")), (9, -2.5))
+    assert math.isnan(verdict.step_move_lower_bound(nan, a))
+    replaced = {"single/8~p5": record([b, REF["steps"][1]])}
+    sens = verdict.sensitivity(run_of(REF, sensitivity=replaced), atol=0.1)
+    assert sens["min_first_step_move_lower_bound"] == pytest.approx(3.4)
+    assert sens["min_first_step_max_abs_logprob_diff"] == pytest.approx(0.2)
+    assert sens["sufficient"] and sens["over_tolerance"] == pytest.approx(34)
 
 
 def test_negative_control_is_detected_only_when_the_fault_breaks_the_comparison():

@@ -27,6 +27,11 @@ from typing import Any
 
 from gate.ledger import phase_sums
 
+SENSITIVITY_MEASURE = (
+    "per prompt, a lower bound of the largest first-step |delta log-prob| over the vocabulary "
+    "(ids in both top-k lists: their difference; an id in one list only: its log-prob minus "
+    "the other list's smallest); the figure is the smallest over the prompts"
+)
 PERTURB_POSITION_NOTE = "one prompt token changed at the position the key names (~p<pos>)"
 TOLERANCE_FACTOR = 4.0
 TOLERANCE_MIN = 1e-3
@@ -91,6 +96,21 @@ def step_difference(a: dict[str, Any], b: dict[str, Any]) -> tuple[float | None,
     if any(math.isnan(d) for d in diffs):  # max() would silently skip a NaN
         return math.nan, len(common)
     return max(diffs), len(common)
+
+
+def step_move_lower_bound(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """A lower bound of the largest |delta log-prob| over the whole vocabulary at one step,
+    from the two top-k lists: exact for the ids in both, and for an id in only one list at
+    least its log-prob there minus the other list's smallest (the id ranks below all of
+    those). NaN if any log-prob is NaN."""
+    ta, tb = _top(a), _top(b)
+    if any(math.isnan(x) for x in (*ta.values(), *tb.values())):
+        return math.nan
+    floor_a, floor_b = min(ta.values()), min(tb.values())
+    moves = [abs(ta[t] - tb[t]) for t in set(ta) & set(tb)]
+    moves += [lp - floor_b for t, lp in ta.items() if t not in tb]
+    moves += [lp - floor_a for t, lp in tb.items() if t not in ta]
+    return max([0.0, *moves])
 
 
 def near_tie(step: dict[str, Any], tok_a: int, tok_b: int, atol: float) -> bool:
@@ -237,7 +257,13 @@ def derive_tolerance(noise: dict[str, float | None]) -> dict[str, Any]:
 
 def sensitivity(ref: dict[str, Any], atol: float | None = None) -> dict[str, Any]:
     """How far one changed prompt token (the ``sensitivity`` pass) moves the first generated
-    step of each single prompt; the figure is the smallest such move over the prompts."""
+    step of each single prompt; the figure is the smallest such move over the prompts.
+
+    The move of one prompt is ``step_move_lower_bound`` of its first step: the ids that
+    leave or enter the top-k count with the least they must have moved, so a perturbation
+    that replaces most of the top-k (the strongest kind) is not scored by the few ids that
+    stay. ``min_first_step_max_abs_logprob_diff`` keeps the common-ids figure (the first
+    gate files' measure, which that case understates)."""
     done = finished_passes(ref)
     clean, pert = done.get("clean"), done.get("sensitivity")
     if not pert or not clean:
@@ -249,30 +275,30 @@ def sensitivity(ref: dict[str, Any], atol: float | None = None) -> dict[str, Any
             continue
         d, n = step_difference(base["steps"][0], rec["steps"][0])
         rows[key] = {
+            "first_step_move_lower_bound": step_move_lower_bound(base["steps"][0], rec["steps"][0]),
             "first_step_max_abs_logprob_diff": d,
             "common_top_ids": n,
             "first_token_changed": base["tokens"][0] != rec["tokens"][0],
             "prompt_len": rec.get("prompt_len"),
         }
-    # Disjoint top-k lists (d is None) move the distribution further than any shared id
-    # could: such a prompt counts as sensitive, and the figure is over the others.
-    moves = [r["first_step_max_abs_logprob_diff"] for r in rows.values()]
-    figure = min((m for m in moves if m is not None), default=None)
+    common = [r["first_step_max_abs_logprob_diff"] for r in rows.values()]
+    bounds = [r["first_step_move_lower_bound"] for r in rows.values()]
+    figure = min(bounds) if bounds and not any(math.isnan(b) for b in bounds) else None
     out: dict[str, Any] = {
         "measured": bool(rows),
         "position": PERTURB_POSITION_NOTE,
+        "measure": SENSITIVITY_MEASURE,
         "per_prompt": rows,
-        "min_first_step_max_abs_logprob_diff": figure,
-        "all_top_ids_disjoint": bool(moves) and figure is None,
+        "min_first_step_move_lower_bound": figure,
+        "min_first_step_max_abs_logprob_diff": min(
+            (m for m in common if m is not None), default=None
+        ),
+        "all_top_ids_disjoint": bool(common) and all(m is None for m in common),
     }
     if atol is not None and rows:
         out["margin_required"] = SENSITIVITY_MARGIN
-        if figure is None:
-            out["over_tolerance"] = None
-            out["sufficient"] = True
-        else:
-            out["over_tolerance"] = figure / atol
-            out["sufficient"] = figure >= SENSITIVITY_MARGIN * atol
+        out["over_tolerance"] = None if figure is None else figure / atol
+        out["sufficient"] = figure is not None and figure >= SENSITIVITY_MARGIN * atol
     return out
 
 
