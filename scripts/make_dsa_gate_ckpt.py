@@ -239,6 +239,9 @@ NEEDLE_DEFAULTS = {
     "attn_margin": 7.0,
     "weight_bias": 3.0,
     "kappa": 8.0,
+    # add_answer: how far the needle raises one answer token's logit (0: no answer token)
+    "answer_logit": 0.0,
+    "answer_id": 31999.0,  # outside the gates' prompt ids (gate.plan.PROMPT_ID_RANGE)
 }
 
 
@@ -313,6 +316,56 @@ def add_needle(
             beta = knobs["attn_margin"] / scale / (u_norm * float(k_needle.norm()))
             q_b[hd, :nope] += beta * torch.outer(k_needle / k_needle.norm(), u_hat)
     return {"needle_id": needle_id, **knobs}
+
+
+def add_answer(
+    t: dict[str, Any], cfg: dict[str, Any], seed: int, needle_id: int, knobs: dict[str, float]
+) -> dict[str, Any]:
+    """Make the needle's retrieval raise one answer token's logit to about ``answer_logit``
+    (in place; fp32 tensors; after ``add_needle``).
+
+    A calibration prompt of 2 x ``index_topk`` tokens (its own seed, the needle at position 5)
+    runs through the fp32 reference forward (gate_refmodel.py) with and without the needle.
+    Over its positions from ``index_topk`` on (where the needle competes with a full top-k, as
+    in the gates' 1k-32k prompts; before, it wins more weight), ``g`` is the mean change of the
+    final-norm hidden state, made orthogonal
+    to the mean state without the needle (which every position shares: the embeddings'
+    common component), so that without the needle the answer's logit stays at its random
+    init level. The LM head row of ``answer_id`` gains ``beta * g_hat``, ``beta`` such that
+    the needle's mean contribution to that logit is ``answer_logit``. Without it the needle
+    moves the first step's log-probs by about 0.4-0.9 (3.5-4.5x the gates' tolerance,
+    2026-12-01 18:20Z); with it, a rank whose partial drops the needle also loses the
+    answer."""
+    import random
+
+    import torch
+    from gate_refmodel import final_hidden
+
+    if knobs["answer_logit"] <= 0:
+        return {}
+    answer = int(knobs["answer_id"])
+    rng = random.Random(f"{seed}/answer")
+    full = cfg["index_topk"]
+    ids = [rng.randrange(2, 31999) for _ in range(2 * full)]
+    ids = [x if x != needle_id else x + 1 for x in ids]
+    without = list(ids)
+    ids[5] = needle_id
+    with torch.no_grad():
+        with_n = final_hidden(cfg, t, ids)[full:]
+        without_n = final_hidden(cfg, t, without)[full:]
+    shared = without_n.mean(0) / without_n.mean(0).norm()
+    g = (with_n - without_n).mean(0)
+    g -= (g @ shared) * shared
+    g_hat = g / g.norm()
+    level = float((with_n @ g_hat).mean())
+    beta = knobs["answer_logit"] / level
+    t["lm_head.weight"][answer] += beta * g_hat  # the MTP layer's head is the same tensor
+    return {
+        "answer_id": answer,
+        "beta": beta,
+        "calibration_level": level,
+        "calibration_level_without": float((without_n @ g_hat).mean()),
+    }
 
 
 def check_layer0(
@@ -413,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"unknown needle knob {k!r}; valid: {', '.join(knobs)}")
             knobs[k] = float(val)
         needle = add_needle(tensors, cfg, args.seed, args.needle, knobs)
+        needle |= add_answer(tensors, cfg, args.seed, args.needle, knobs)
     check = check_layer0(tensors, cfg, args.needle, args.seed) if args.check else None
     tensors = to_checkpoint(tensors)
     args.out.mkdir(parents=True, exist_ok=True)
