@@ -1,0 +1,75 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The needle checkpoints' answer knob (make_dsa_gate_ckpt.add_answer), run through the fp32
+reference forward (gate_refmodel.py) in the test venv, which has torch
+(``$PATCHSET_TEST_VENV`` or ``build/testenv``; skipped without it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+VENV = Path(os.environ.get("PATCHSET_TEST_VENV", REPO / "build" / "testenv"))
+
+PROBE = r"""
+import json, random, sys
+import torch
+import make_dsa_gate_ckpt as mk
+from gate_refmodel import last_logits
+
+cfg = mk.make_config("glm", 4)
+gains = {"qk": 1.0, "o": 3.0, "down": 0.25, "head": 1.0}
+out = {}
+for answer_logit in (0.0, 7.0):
+    t = mk.build(cfg, 1234, gains, "include")
+    knobs = dict(mk.NEEDLE_DEFAULTS, attn_margin=9.0, answer_logit=answer_logit)
+    mk.add_needle(t, cfg, 1234, 7, knobs)
+    head = t["lm_head.weight"].clone()
+    info = mk.add_answer(t, cfg, 1234, 7, knobs)
+    changed = (t["lm_head.weight"] != head).any(dim=1).nonzero().flatten().tolist()
+    # a prompt the calibration never saw (another seed, longer than index_topk)
+    rng = random.Random("test/answer")
+    ids = [rng.randrange(2, 31999) for _ in range(1100)]
+    ids = [x if x != 7 else 8 for x in ids]
+    without = list(ids)
+    ids[5] = 7
+    with torch.no_grad():
+        a, b = last_logits(cfg, t, ids), last_logits(cfg, t, without)
+    out[str(answer_logit)] = {
+        "info": info,
+        "changed_rows": changed,
+        "answer_with": float(a[31999]),
+        "answer_without": float(b[31999]),
+        "top_with": int(a.argmax()),
+        "max_logit": float(max(a.max(), b.max())),
+    }
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not (VENV / "bin" / "python").exists(), reason=f"no test venv at {VENV}")
+def test_answer_knob_makes_the_retrieved_needle_raise_one_logit() -> None:
+    """With answer_logit=7 only the answer's LM-head row changes, and on an unseen prompt the
+    needle lifts that logit by several units to the top while the largest logit stays below
+    8 (the bf16 ULP, so the noise floor, unchanged); with 0 nothing changes."""
+    proc = subprocess.run(
+        [str(VENV / "bin" / "python"), "-c", PROBE],
+        cwd=REPO / "scripts",
+        env={**os.environ, "PYTHONPATH": str(REPO / "scripts")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    off, on = got["0.0"], got["7.0"]
+    assert off["info"] == {} and off["changed_rows"] == []
+    assert abs(off["answer_with"] - off["answer_without"]) < 1.5
+    assert on["changed_rows"] == [31999] and on["info"]["answer_id"] == 31999
+    assert on["answer_with"] - on["answer_without"] > 3.0
+    assert on["top_with"] == 31999 and on["max_logit"] < 8.0
