@@ -38,36 +38,13 @@ from gate_refmodel import last_logits  # noqa: E402
 
 def checkpoint_tensors(argv: list[str]) -> tuple[dict[str, Any], dict[str, Any], int | None]:
     """(config, fp32 tensors holding the bf16-rounded weights, needle id) of a checkpoint
-    given by ``make_dsa_gate_ckpt.py`` arguments (``--out`` ignored)."""
+    given by ``make_dsa_gate_ckpt.py`` arguments (``--out`` is not needed)."""
     import torch
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--arch", required=True)
-    ap.add_argument("--out")
-    ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--qk-gain", type=float, default=3.0)
-    ap.add_argument("--o-gain", type=float, default=1.0)
-    ap.add_argument("--down-gain", type=float, default=0.5)
-    ap.add_argument("--head-gain", type=float, default=2.5)
-    ap.add_argument("--shared-indexer-weights", default="include")
-    ap.add_argument("--needle", type=int, default=None)
-    ap.add_argument("--needle-knob", action="append", default=[])
-    a = ap.parse_args(argv)
-    cfg = mk.make_config(a.arch, a.layers)
-    gains = {"qk": a.qk_gain, "o": a.o_gain, "down": a.down_gain, "head": a.head_gain}
-    t = mk.build(cfg, a.seed, gains, a.shared_indexer_weights)
-    if a.needle is not None:
-        knobs = dict(mk.NEEDLE_DEFAULTS)
-        for kv in a.needle_knob:
-            k, _, v = kv.partition("=")
-            if k not in knobs:
-                raise SystemExit(f"unknown needle knob {k!r}; valid: {', '.join(knobs)}")
-            knobs[k] = float(v)
-        mk.add_needle(t, cfg, a.seed, a.needle, knobs)
-        mk.add_answer(t, cfg, a.seed, a.needle, knobs)
+    args = mk.parser().parse_args([*argv, "--out", "-"] if "--out" not in argv else argv)
+    cfg, _, t, _ = mk.make_tensors(args)
     stored = mk.to_checkpoint(t)
-    return cfg, {k: v.to(torch.float32) for k, v in stored.items()}, a.needle
+    return cfg, {k: v.to(torch.float32) for k, v in stored.items()}, args.needle
 
 
 def step_record(logits, k: int) -> dict[str, Any]:

@@ -21,15 +21,22 @@ def _rms(x, w, eps: float = 1e-6):
     return x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * w
 
 
-def _rope_pairs(x, pos, theta: float):
-    """GPT-J style: rotate (x[2i], x[2i+1]) by pos * theta ** (-2i / d)."""
+def _rope_angles(x, pos, theta: float):
+    """cos and sin of pos * theta ** (-2i / d), shaped to broadcast over x's middle dims."""
     import torch
 
     d = x.shape[-1]
     inv = theta ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
     ang = pos[:, None].float() * inv[None]
     shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (d // 2,)
-    cos, sin = ang.cos().view(shape), ang.sin().view(shape)
+    return ang.cos().view(shape), ang.sin().view(shape)
+
+
+def _rope_pairs(x, pos, theta: float):
+    """GPT-J style: rotate (x[2i], x[2i+1])."""
+    import torch
+
+    cos, sin = _rope_angles(x, pos, theta)
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1).flatten(-2)
 
@@ -38,11 +45,8 @@ def _rope_halves(x, pos, theta: float):
     """NeoX style: rotate (x[i], x[i + d/2])."""
     import torch
 
+    cos, sin = _rope_angles(x, pos, theta)
     d = x.shape[-1]
-    inv = theta ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
-    ang = pos[:, None].float() * inv[None]
-    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (d // 2,)
-    cos, sin = ang.cos().view(shape), ang.sin().view(shape)
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1)
 

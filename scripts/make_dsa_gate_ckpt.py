@@ -421,7 +421,8 @@ def check_layer0(
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The writer's arguments (also what gate_ckpt_reference.py takes as a checkpoint)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arch", required=True, choices=ARCHS)
     ap.add_argument("--out", type=Path, required=True)
@@ -451,9 +452,13 @@ def main(argv: list[str] | None = None) -> int:
         help=f"override a needle knob ({', '.join(NEEDLE_DEFAULTS)})",
     )
     ap.add_argument("--check", action="store_true", help="measure layer 0 in fp32 torch")
-    args = ap.parse_args(argv)
-    from safetensors.torch import save_file
+    return ap
 
+
+def make_tensors(
+    args: argparse.Namespace,
+) -> tuple[dict[str, Any], dict[str, float], dict[str, Any], dict[str, Any] | None]:
+    """(config, gains, fp32 tensors, needle record or None) of parsed writer arguments."""
     cfg = make_config(args.arch, args.layers)
     gains = {"qk": args.qk_gain, "o": args.o_gain, "down": args.down_gain, "head": args.head_gain}
     tensors = build(cfg, args.seed, gains, args.shared_indexer_weights)
@@ -467,6 +472,14 @@ def main(argv: list[str] | None = None) -> int:
             knobs[k] = float(val)
         needle = add_needle(tensors, cfg, args.seed, args.needle, knobs)
         needle |= add_answer(tensors, cfg, args.seed, args.needle, knobs)
+    return cfg, gains, tensors, needle
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from safetensors.torch import save_file
+
+    cfg, gains, tensors, needle = make_tensors(args)
     check = check_layer0(tensors, cfg, args.needle, args.seed) if args.check else None
     tensors = to_checkpoint(tensors)
     args.out.mkdir(parents=True, exist_ok=True)
