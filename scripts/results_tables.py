@@ -445,6 +445,46 @@ def dcp_gate_section() -> list[str]:
             ],
             rows,
         )
+    refs = load("dcp-gate-ckpt-reference-*.json")
+    if refs:
+        out += [
+            "### DCP gate checkpoints through the CPU forward (predictions, not GPU runs)",
+            "",
+            "`scripts/gate_ckpt_reference.py` (fp32, no fp8, simplified RoPE): the gate's prompts",
+            "and its sensitivity perturbation; the bound is the gate's sensitivity measure, the",
+            "tolerance 4 x the bf16 ULP of the largest top-k logit.",
+            "",
+        ]
+        rows = []
+        for name, d in refs:
+            knobs = [a for a in d["checkpoint_args"] if "=" in a]
+            per = d["per_prompt"]
+            rows.append(
+                [
+                    f"`{name}`",
+                    d["checkpoint_args"][1] + (" " + " ".join(knobs) if knobs else ""),
+                    "; ".join(
+                        f"{k.split('/')[1].split('~')[0]}: "
+                        f"{fmt(v['first_step_move_lower_bound'], 3)}"
+                        f" (logit {fmt(v['max_top_logit'], 3)})"
+                        for k, v in per.items()
+                    ),
+                    fmt(d["predicted_tolerance"], 3),
+                    fmt(d["predicted_over_tolerance"], 3),
+                    revision(d),
+                ]
+            )
+        out += table(
+            [
+                "file",
+                "checkpoint",
+                "bound per prompt (largest top-k logit)",
+                "tolerance",
+                "×tol",
+                "revision",
+            ],
+            rows,
+        )
     gates = load("dcp-gate-*.json")
     rows = []
     for name, d in gates:
