@@ -51,7 +51,7 @@ def _rope_halves(x, pos, theta: float):
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1)
 
 
-def final_hidden(cfg: dict[str, Any], t: dict[str, Any], ids: list[int], chunk: int = 256):
+def final_hidden(cfg: dict[str, Any], t: dict[str, Any], ids: list[int], chunk: int = 128):
     """The final-norm hidden states [len(ids), hidden] (fp32) of a causal prefill of
     ``ids``: what the LM head multiplies."""
     import torch
@@ -65,52 +65,51 @@ def final_hidden(cfg: dict[str, Any], t: dict[str, Any], ids: list[int], chunk: 
     pos = torch.arange(n)
     h = t["model.embed_tokens.weight"][torch.tensor(ids)]
     for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        x = _rms(h, t[p + "input_layernorm.weight"])
-        q_c = _rms(
-            x @ t[p + "self_attn.q_a_proj.weight"].T, t[p + "self_attn.q_a_layernorm.weight"]
-        )
-        q = (q_c @ t[p + "self_attn.q_b_proj.weight"].T).view(n, heads, nope + rope)
-        kv = x @ t[p + "self_attn.kv_a_proj_with_mqa.weight"].T
-        latent = _rms(kv[:, :kv_lora], t[p + "self_attn.kv_a_layernorm.weight"])
-        k_pe = _rope_pairs(kv[:, kv_lora:], pos, theta)
-        kv_b = t[p + "self_attn.kv_b_proj.weight"].view(heads, nope + vd, kv_lora)
-        # absorbed query: [n, heads, kv_lora + rope] against the shared [n, kv_lora + rope] keys
-        q_lat = torch.einsum("nhd,hdl->nhl", q[..., :nope], kv_b[:, :nope])
-        q_full = torch.cat((q_lat, _rope_pairs(q[..., nope:], pos, theta)), -1)
-        keys = torch.cat((latent, k_pe), -1)
-        # indexer
-        iq = (q_c @ t[p + "self_attn.indexer.wq_b.weight"].T).view(n, ih, idim)
-        iq = torch.cat((_rope_halves(iq[..., :rope], pos, theta), iq[..., rope:]), -1)
+        a = f"model.layers.{i}.self_attn."
+        x = _rms(h, t[f"model.layers.{i}.input_layernorm.weight"])
+        # keys for every position (small: [n, 576] and [n, 128])
+        kv = x @ t[a + "kv_a_proj_with_mqa.weight"].T
+        latent = _rms(kv[:, :kv_lora], t[a + "kv_a_layernorm.weight"])
+        keys = torch.cat((latent, _rope_pairs(kv[:, kv_lora:], pos, theta)), -1)
         ik = torch.nn.functional.layer_norm(
-            x @ t[p + "self_attn.indexer.wk.weight"].T,
+            x @ t[a + "indexer.wk.weight"].T,
             (idim,),
-            t[p + "self_attn.indexer.k_norm.weight"],
-            t[p + "self_attn.indexer.k_norm.bias"],
+            t[a + "indexer.k_norm.weight"],
+            t[a + "indexer.k_norm.bias"],
         )
         ik = torch.cat((_rope_halves(ik[:, :rope], pos, theta), ik[:, rope:]), -1)
-        w = (x @ t[p + "self_attn.indexer.weights_proj.weight"].T) * ih**-0.5 * idim**-0.5
-        out = torch.empty(n, heads, kv_lora)
+        kv_b = t[a + "kv_b_proj.weight"].view(heads, nope + vd, kv_lora)
+        attn = torch.empty_like(h)
+        # queries chunk by chunk (a 32k prompt's [n, heads, 576] queries would not fit)
         for s in range(0, n, chunk):
             e = min(n, s + chunk)
-            score = torch.einsum("qhd,kd->qhk", iq[s:e], ik[:e]).relu_()
-            score = torch.einsum("qh,qhk->qk", w[s:e], score)
-            causal = pos[:e][None, :] > pos[s:e][:, None]
+            xs, ps = x[s:e], pos[s:e]
+            q_c = _rms(xs @ t[a + "q_a_proj.weight"].T, t[a + "q_a_layernorm.weight"])
+            q = (q_c @ t[a + "q_b_proj.weight"].T).view(e - s, heads, nope + rope)
+            # absorbed query against the shared [n, kv_lora + rope] keys
+            q_lat = torch.einsum("nhd,hdl->nhl", q[..., :nope], kv_b[:, :nope])
+            q_full = torch.cat((q_lat, _rope_pairs(q[..., nope:], ps, theta)), -1)
+            iq = (q_c @ t[a + "indexer.wq_b.weight"].T).view(e - s, ih, idim)
+            iq = torch.cat((_rope_halves(iq[..., :rope], ps, theta), iq[..., rope:]), -1)
+            w = (xs @ t[a + "indexer.weights_proj.weight"].T) * ih**-0.5 * idim**-0.5
+            score = torch.einsum("qhd,kd->qhk", iq, ik[:e]).relu_()
+            score = torch.einsum("qh,qhk->qk", w, score)
+            causal = pos[:e][None, :] > ps[:, None]
             score.masked_fill_(causal, -math.inf)
-            k = min(topk, e)
-            sel = score.topk(k, dim=-1).indices  # [q, k]
+            sel = score.topk(min(topk, e), dim=-1).indices  # [q, k]
             valid = torch.gather(~causal, 1, sel)
             ks = keys[sel]  # [q, k, 576]
-            logits = torch.einsum("qhl,qkl->qhk", q_full[s:e], ks) * scale
+            logits = torch.einsum("qhl,qkl->qhk", q_full, ks) * scale
             logits.masked_fill_(~valid[:, None, :], -math.inf)
-            prob = logits.softmax(-1)
-            out[s:e] = torch.einsum("qhk,qkl->qhl", prob, ks[..., :kv_lora])
-        v = torch.einsum("nhl,hdl->nhd", out, kv_b[:, nope:])
-        h = h + v.reshape(n, heads * vd) @ t[p + "self_attn.o_proj.weight"].T
-        x = _rms(h, t[p + "post_attention_layernorm.weight"])
-        g = x @ t[p + "mlp.gate_proj.weight"].T
-        u = x @ t[p + "mlp.up_proj.weight"].T
-        h = h + (torch.nn.functional.silu(g) * u) @ t[p + "mlp.down_proj.weight"].T
+            out = torch.einsum("qhk,qkl->qhl", logits.softmax(-1), ks[..., :kv_lora])
+            v = torch.einsum("nhl,hdl->nhd", out, kv_b[:, nope:])
+            attn[s:e] = v.reshape(e - s, heads * vd) @ t[a + "o_proj.weight"].T
+        h = h + attn
+        m = f"model.layers.{i}."
+        x = _rms(h, t[m + "post_attention_layernorm.weight"])
+        g = x @ t[m + "mlp.gate_proj.weight"].T
+        u = x @ t[m + "mlp.up_proj.weight"].T
+        h = h + (torch.nn.functional.silu(g) * u) @ t[m + "mlp.down_proj.weight"].T
     return _rms(h, t["model.norm.weight"])
 
 
