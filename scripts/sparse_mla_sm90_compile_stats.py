@@ -7,7 +7,7 @@ bundled ptxas; cuobjdump reports registers, stack (spill) bytes and the static i
 These are compile facts, not timings. Used for design/triton-sparse-mla.md:
 
     python scripts/sparse_mla_sm90_compile_stats.py \
-        --kernel-path build/vllm/vllm/v1/attention/ops/triton_sparse_mla.py [--prefetch]
+        --kernel-path build/vllm/vllm/v1/attention/ops/triton_sparse_mla.py [--prefetch | --bf16]
 """
 
 from __future__ import annotations
@@ -46,7 +46,25 @@ PREFETCH_POINTS = [
     )
     for mode in PREFETCH_MODES
 ]
-OPS = ("IMAD", "IADD3", "I2F", "F2I", "FMUL", "FFMA", "F2FP", "HADD2", "HMMA", "HGMMA", "LDG")
+# --bf16: the same tilings and prefetch modes, flat, with and without bf16_dequant (an 8th
+# point field; absent = False).
+BF16_POINTS = [(*pt, bf16) for pt in PREFETCH_POINTS for bf16 in (False, True)]
+OPS = (
+    "IMAD",
+    "IADD3",
+    "I2F",
+    "F2I",
+    "FMUL",
+    "FFMA",
+    "F2FP",
+    "HADD2",
+    "HMUL2",
+    "HFMA2",
+    "PRMT",
+    "HMMA",
+    "HGMMA",
+    "LDG",
+)
 
 
 def load(path: Path) -> types.ModuleType:
@@ -72,7 +90,8 @@ def compile_point(kern, point) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    bh, bn, warps, stages, flat, fold, prefetch = point
+    bh, bn, warps, stages, flat, fold, prefetch, *rest = point
+    bf16 = bool(rest and rest[0])
     fn = kern._sparse_mla_fp8_ds_mla_fwd_kernel
     names = fn.arg_names
     ptrs = {
@@ -97,6 +116,10 @@ def compile_point(kern, point) -> dict:
         consts.update(PREFETCH=prefetch == "records", PREFETCH_SLOTS=prefetch == "slots")
     elif prefetch != "none":
         raise SystemExit("--prefetch: this kernel file has no prefetch variants")
+    if "BF16_DEQUANT" in names:
+        consts.update(BF16_DEQUANT=bf16)
+    elif bf16:
+        raise SystemExit("--bf16: this kernel file has no bf16_dequant variant")
     sig = {
         n: ptrs.get(n, "constexpr" if n in consts else "fp32" if n == "qk_scale" else "i32")
         for n in names
@@ -131,6 +154,7 @@ def compile_point(kern, point) -> dict:
         flat_records=flat,
         fold_scales=fold,
         prefetch=prefetch,
+        bf16_dequant=bf16,
         registers=int(m.group(1)) if m else None,
         stack_bytes=int(m.group(2)) if m else None,
         shared_bytes=compiled.metadata.shared,
@@ -149,11 +173,17 @@ def main() -> int:
         action="store_true",
         help="compile PREFETCH_POINTS (flat, each prefetch variant) instead of DEFAULT_POINTS",
     )
+    parser.add_argument(
+        "--bf16",
+        action="store_true",
+        help="compile BF16_POINTS (PREFETCH_POINTS with and without bf16_dequant)",
+    )
     args = parser.parse_args()
     os.environ.pop("TRITON_INTERPRET", None)
     kern = load(args.kernel_path)
     rows = []
-    for point in PREFETCH_POINTS if args.prefetch else DEFAULT_POINTS:
+    points = BF16_POINTS if args.bf16 else PREFETCH_POINTS if args.prefetch else DEFAULT_POINTS
+    for point in points:
         row = compile_point(kern, point)
         rows.append(row)
         print(json.dumps(row), flush=True)
