@@ -99,9 +99,9 @@ SMOKE: dict[str, Any] = {
 # answer_logit=7: the retrieved needle also raises one answer token's logit to about 7
 # (add_answer). Without it the o-gain-3 needle moved the first step by 3.5-4.5x the
 # tolerance on the H200 (2026-12-01 18:20Z); with it the CPU forward of the checkpoint
-# (gate_ckpt_reference.py, which reproduced those GPU figures within 4 %) predicts 24x at 1k
-# (results/dcp-gate-ckpt-reference-cpu.json), with the largest logit still below 8 (the
-# same bf16 ULP, so the same noise floor).
+# (gate_ckpt_reference.py, which reproduced those GPU figures within 4 %) predicts 24x / 17x /
+# 15x at 1k / 8k / 32k for glmn (results/dcp-gate-ckpt-reference-glmn-*cpu.json), with the
+# largest logit still below 8 (the same bf16 ULP, so the same noise floor).
 NEEDLE_ARGS = [
     "--qk-gain",
     "1",
