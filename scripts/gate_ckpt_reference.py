@@ -77,19 +77,18 @@ def predict(ckpt_argv: list[str], lens: list[int], logprobs: int = 20) -> dict[s
         clean = step_record(last_logits(cfg, t, ids), logprobs)
         moved = step_record(last_logits(cfg, t, plan.perturb(ids)), logprobs)
         d, common = verdict.step_difference(clean, moved)
-        rows[f"single/{n}~p{plan.PERTURB_POSITION}"] = {
+        top_logit = max(clean["max_top_logit"], moved["max_top_logit"])
+        row = rows[f"single/{n}~p{plan.PERTURB_POSITION}"] = {
             "first_step_move_lower_bound": verdict.step_move_lower_bound(clean, moved),
             "first_step_max_abs_logprob_diff": d,
             "common_top_ids": common,
             "first_token_changed": clean["token"] != moved["token"],
             "top_logprob": clean["top"][0][1],
-            "max_top_logit": max(clean["max_top_logit"], moved["max_top_logit"]),
-            "bf16_ulp_of_max_top_logit": bf16_ulp(
-                max(clean["max_top_logit"], moved["max_top_logit"])
-            ),
+            "max_top_logit": top_logit,
+            "bf16_ulp_of_max_top_logit": bf16_ulp(top_logit),
             "seconds": round(time.perf_counter() - t0, 1),
         }
-        print(json.dumps({n: rows[f"single/{n}~p{plan.PERTURB_POSITION}"]}), flush=True)
+        print(json.dumps({n: row}), flush=True)
     figure = min(r["first_step_move_lower_bound"] for r in rows.values())
     ulp = max(r["bf16_ulp_of_max_top_logit"] for r in rows.values())
     atol = verdict.TOLERANCE_FACTOR * ulp

@@ -45,15 +45,16 @@ for stage in "$@"; do
       (cd .gpu-tests && if ls wheels/*.whl > /dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps wheels/*.whl >> "$LOG" 2>&1; fi)
       END=$(( $(date +%s) + ${STAGE_TIMEOUT:-420} ))
+      run_file() {  # pytest of one bundle file within $per seconds, into $LOG
+        (cd .gpu-tests && timeout "$per" python3 -m pytest -v -rfEs --tb=short --timeout 120 \
+          -p no:cacheprovider "$@") >> "$LOG" 2>&1
+      }
       for f in $(cat .gpu-tests/SERIES_TESTS); do
         left=$(( END - $(date +%s) )); if [ $left -le 5 ]; then echo "== $f: not run (stage time out)" >> "$LOG"; continue; fi
         per=$(( left < ${FILE_TIMEOUT:-240} ? left : ${FILE_TIMEOUT:-240} ))
         t0=$(date +%s); echo "== $f" >> "$LOG"
-        (cd .gpu-tests && timeout "$per" python3 -m pytest -v -rfEs --tb=short --timeout 120 -p no:cacheprovider "$f") >> "$LOG" 2>&1
-        rc=$?; how=conftest
-        if [ $rc -eq 4 ]; then how=noconftest
-          (cd .gpu-tests && timeout "$per" python3 -m pytest -v -rfEs --tb=short --timeout 120 --noconftest -p no:cacheprovider "$f") >> "$LOG" 2>&1
-          rc=$?; fi
+        run_file "$f"; rc=$?; how=conftest
+        if [ $rc -eq 4 ]; then how=noconftest; run_file --noconftest "$f"; rc=$?; fi
         echo "== $f: rc=$rc ($how, $(( $(date +%s) - t0 )) s)" >> "$LOG"
       done
       grep '^== .*: ' "$LOG" ;;

@@ -324,7 +324,8 @@ def add_answer(
     """Make the needle's retrieval raise one answer token's logit to about ``answer_logit``
     (in place; fp32 tensors; after ``add_needle``).
 
-    A calibration prompt of 2 x ``index_topk`` tokens (its own seed, the needle at position 5)
+    A calibration prompt of 2 x ``index_topk`` tokens (its own seed, the gates' prompt ids, the
+    needle where the gates put it: ``gate.plan.PERTURB_POSITION``)
     runs through the fp32 reference forward (gate_refmodel.py) with and without the needle.
     Over its positions from ``index_topk`` on (where the needle competes with a full top-k, as
     in the gates' 1k-32k prompts; before, it wins more weight), ``g`` is the mean change of the
@@ -339,6 +340,7 @@ def add_answer(
     import random
 
     import torch
+    from gate.plan import PERTURB_POSITION, PROMPT_ID_RANGE
     from gate_refmodel import final_hidden
 
     if knobs["answer_logit"] <= 0:
@@ -346,10 +348,10 @@ def add_answer(
     answer = int(knobs["answer_id"])
     rng = random.Random(f"{seed}/answer")
     full = cfg["index_topk"]
-    ids = [rng.randrange(2, 31999) for _ in range(2 * full)]
+    ids = [rng.randrange(*PROMPT_ID_RANGE) for _ in range(2 * full)]
     ids = [x if x != needle_id else x + 1 for x in ids]
     without = list(ids)
-    ids[5] = needle_id
+    ids[PERTURB_POSITION] = needle_id
     with torch.no_grad():
         with_n = final_hidden(cfg, t, ids)[full:]
         without_n = final_hidden(cfg, t, without)[full:]
