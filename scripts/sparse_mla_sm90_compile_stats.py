@@ -188,7 +188,20 @@ def main() -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.out is not None:
-        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+        import hashlib
+
+        import triton
+
+        doc = dict(
+            kind="sparse-mla-sm90-compile",
+            what="offline sm_90 compile facts (registers, spills, static SASS); not timings",
+            command=" ".join([sys.executable, *sys.argv]),
+            kernel_path=str(args.kernel_path),
+            kernel_sha256=hashlib.sha256(args.kernel_path.read_bytes()).hexdigest(),
+            triton=triton.__version__,
+            rows=rows,
+        )
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
 
