@@ -102,6 +102,24 @@ def test_calibration_suite_and_next_lease_resolve() -> None:
     assert "answer_logit=7" in plans.NEEDLE_ARGS
 
 
+def test_the_split_variant_suites_are_the_variant_suite() -> None:
+    """patched-merges, patched-mtp and patched-routes hold every run and gate of
+    patched-variants exactly once, and the next lease's queue holds all three."""
+    from gate import plans
+
+    parts = [plans.SUITES[n] for n in ("patched-merges", "patched-mtp", "patched-routes")]
+    whole = plans.SUITES["patched-variants"]
+    names = [r["name"] for p in parts for r in p["runs"]]
+    assert sorted(names) == sorted(r["name"] for r in whole["runs"])
+    assert len(names) == len(set(names))
+    gates = [g for p in parts for g in p["gates"]]
+    assert sorted(gates) == sorted(whole["gates"]) and len(gates) == len(set(gates))
+    assert all(p["runs"] and p["gates"] for p in parts)
+    assert {"patched-merges", "patched-mtp", "patched-routes"} <= set(plans.LEASE_NEXT)
+    merges = [r["name"] for r in plans.SUITES["patched-merges"]["runs"]]
+    assert merges[0].endswith("-merge-triton")
+
+
 def test_multi_rank_runs_switch_the_allreduce_rms_fusion_off() -> None:
     """Runs of more than one rank turn vLLM's all-reduce + RMSNorm fusion off (its FlashInfer
     workspace took 4.6 minutes of a cold start), eager and with graphs alike, without losing

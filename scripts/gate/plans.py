@@ -302,13 +302,40 @@ def _variant_rows(tp: int, dcp: int, merges: list[str], mtps: list, routes: bool
     return {"runs": runs, "gates": gates}
 
 
-_V2 = _variant_rows(2, 2, ["cutedsl", "torch", "triton"], [1, 2, 4, 5, "adaptive"], True)
+# Each list in priority order: the Triton merge and the torch fallback (never run end to
+# end) before CuTe DSL (what auto already runs), MTP k=2 and the adaptive ladder first.
+_V2 = _variant_rows(2, 2, ["triton", "torch", "cutedsl"], [2, "adaptive", 4, 5, 1], True)
+
+
+def _select(rows: dict, tag: str) -> dict[str, Any]:
+    """The runs and gates of a _variant_rows result whose name holds tag, as a suite."""
+    return {
+        "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
+        "runs": [r for r in rows["runs"] if tag in r["name"]],
+        "noise": {},
+        "gates": {k: v for k, v in rows["gates"].items() if tag in k},
+    }
+
+
 PATCHED_VARIANTS: dict[str, Any] = {
     "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
     # (5) merge backends, (6) routes + wire + ledger, (7) MTP, all at DCP=2
     "runs": _V2["runs"],
     "noise": {},
     "gates": _V2["gates"],
+}
+# The same rows as three suites, so that a lease queue can put other suites between them.
+PATCHED_MERGES = _select(_V2, "-merge-")
+PATCHED_MTP = _select(_V2, "-mtp")
+PATCHED_ROUTES: dict[str, Any] = {
+    "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
+    "runs": [r for r in _V2["runs"] if r not in PATCHED_MERGES["runs"] + PATCHED_MTP["runs"]],
+    "noise": {},
+    "gates": {
+        k: v
+        for k, v in _V2["gates"].items()
+        if k not in PATCHED_MERGES["gates"] and k not in PATCHED_MTP["gates"]
+    },
 }
 
 # DCP=4 (TP=4): the route and ledger first (bytes per rank per layer at DCP=4), then the
@@ -410,6 +437,9 @@ SUITES = {
     "needle-calibrate": NEEDLE_CALIBRATE,
     "patched-matrix": PATCHED_MATRIX,
     "patched-variants": PATCHED_VARIANTS,
+    "patched-merges": PATCHED_MERGES,
+    "patched-mtp": PATCHED_MTP,
+    "patched-routes": PATCHED_ROUTES,
     "patched-dcp4": PATCHED_DCP4,
     "needle-graphs": _needle_suite(True),
     "patched-graphs": PATCHED_GRAPHS,
@@ -431,15 +461,19 @@ LEASE = [
 ]
 # The next lease: every gate again on the answer needle, in priority order: the stock needle
 # rows (noise floor and sensitivity of the new checkpoint), the series' matrix (each with its
-# fault pass), the DCP=2 variant rows (merge backends end to end, routes, wire, MTP), CUDA
-# graphs (stock and patched), then the DCP=4 rows. The o-gain calibration suite is not in it:
-# the CPU forward predicts a checkpoint's sensitivity before a lease (gate_ckpt_reference.py).
+# fault pass), the series' backend under FULL CUDA graphs at DCP=2 (never finished: cut in
+# both leases of 2026-12-01), the merge backends end to end, the stock graph rows, MTP, the
+# routes and wire (both gated on the first lease's checkpoint already), then the DCP=4 rows.
+# The o-gain calibration suite is not in it: the CPU forward predicts a checkpoint's
+# sensitivity before a lease (gate_ckpt_reference.py).
 LEASE_NEXT = [
     "needle-eager",
     "patched-matrix",
-    "patched-variants",
     "patched-graphs",
+    "patched-merges",
     "needle-graphs",
+    "patched-mtp",
+    "patched-routes",
     "patched-dcp4",
     "patched-dcp4-extras",
 ]
