@@ -258,6 +258,9 @@ class Launch:
                 if (rec or {}).get("ledger")
             ],
             "spec": r0.get("spec"),
+            # DCP top-k merge backends each rank's indexer really called (worker's merge spy;
+            # a run that asked for one and called another fails there)
+            "merge_backends_seen": [(rec or {}).get("merge_backends_seen") for rec in ranks],
         }
 
 

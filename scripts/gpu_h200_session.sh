@@ -36,20 +36,23 @@ for stage in "$@"; do
       tail -4 "$RES/topk.log" | cut -c1-300 ;;
     tree-tests)
       # the series' vLLM-tree tests (the GPU-only ones are skipped on CPU) against the patched
-      # install, from the carried bundle .gpu-tests (scripts/tree_tests_bundle.py): the wheels
+      # install, from the bundle (scripts/tree_tests_bundle.py; $TREE_TESTS, default the
+      # carried .gpu-tests; gpu_lease.sh copies it off the working tree, which the next call
+      # replaces: the 22:37Z lease's stage lost it half-way): the wheels
       # vLLM's conftest needs (tblib) installed offline first, then one pytest per file
       # (--tb=short: a file cut by its timeout still leaves its tracebacks), the series' own
       # files first, until STAGE_TIMEOUT; a file whose conftest cannot be imported (exit 4)
       # is run again with --noconftest, and the summary says so.
       LOG="$RES/tree-tests-h200.log"; : > "$LOG"
-      (cd .gpu-tests && if ls wheels/*.whl > /dev/null 2>&1; then
+      T=${TREE_TESTS:-$PWD/.gpu-tests}
+      (cd "$T" && if ls wheels/*.whl > /dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps wheels/*.whl >> "$LOG" 2>&1; fi)
       END=$(( $(date +%s) + ${STAGE_TIMEOUT:-420} ))
       run_file() {  # pytest of one bundle file within $per seconds, into $LOG
-        (cd .gpu-tests && timeout "$per" python3 -m pytest -v -rfEs --tb=short --timeout 120 \
+        (cd "$T" && timeout "$per" python3 -m pytest -v -rfEs --tb=short --timeout 120 \
           -p no:cacheprovider "$@") >> "$LOG" 2>&1
       }
-      for f in $(cat .gpu-tests/SERIES_TESTS); do
+      for f in $(cat "$T/SERIES_TESTS"); do
         left=$(( END - $(date +%s) )); if [ $left -le 5 ]; then echo "== $f: not run (stage time out)" >> "$LOG"; continue; fi
         per=$(( left < ${FILE_TIMEOUT:-240} ? left : ${FILE_TIMEOUT:-240} ))
         t0=$(date +%s); echo "== $f" >> "$LOG"

@@ -80,6 +80,10 @@ export DCP_GIT_REV="${DCP_GIT_REV:-unknown}"
 R=${LEASE_ROOT:-/root}  # LEASE_ROOT: another scratch root (a dry run on CPU with stubs)
 RES=$R/lease; GATE=$R/gate; DEST=$R/gate-dest
 mkdir -p "$RES"
+# What later calls need from the carried folders lives off the working tree, which every call
+# replaces with what it carries: the overlay's MANIFEST (the gate records its sha256; the
+# 22:37Z lease's runs started after the first call recorded it missing) and the test bundle.
+export GATE_OVERLAY=$R/overlay
 left() { echo $(( START + CALL_S - $(date +%s) )); }
 pack() {
   # wait --dest collected (with a partial report); collect only if it did not run
@@ -99,6 +103,9 @@ case "${1:?first|wait}" in
     deadline=${2:?GATE_DEADLINE_S}
     bash .gpu/device-install.sh && bash .gpu/device-overlay.sh > "$RES/overlay.log" 2>&1 \
       || { echo "install/overlay failed"; tail "$RES/overlay.log"; exit 1; }
+    mkdir -p "$GATE_OVERLAY" && cp .gpu-overlay/MANIFEST "$GATE_OVERLAY/" \
+      && rm -rf "$R/gpu-tests" && cp -r .gpu-tests "$R/gpu-tests" \
+      || { echo "carry .gpu-overlay and .gpu-tests in the first call"; exit 1; }
     source .gpu/device-env.sh
     # FlashInfer's trtllm all-reduce module, which every TP > 1 gate engine needs and whose
     # JIT build held the 18:20Z lease's warm-up for 6 minutes (scripts/prewarm_flashinfer.py):
@@ -111,7 +118,7 @@ case "${1:?first|wait}" in
     python3 scripts/dcp_gate.py start --suites "${GATE_SUITES:-lease-next}" --work "$GATE" \
       --deadline-s "$deadline"
     mkdir -p "$RES/tree-tests"
-    OUT="$RES/tree-tests" RES="$RES/tree-tests" setsid nohup bash scripts/gpu_h200_session.sh \
+    OUT="$RES/tree-tests" RES="$RES/tree-tests" TREE_TESTS="$R/gpu-tests" setsid nohup bash scripts/gpu_h200_session.sh \
       tree-tests > "$RES/tree-tests/stage.log" 2>&1 < /dev/null &
     gate_wait
     tail -3 "$RES/tree-tests/tree-tests-h200.log" 2>/dev/null

@@ -169,3 +169,17 @@ def test_merge_spy_catches_a_run_that_merged_with_another_backend(monkeypatch) -
     plain = plan.GateConfig(name="p", model="m", tp=2, dcp=2)
     fake._merge_dcp_topk_global("logits", "idx", backend="cutedsl")
     assert worker.merge_problems(plain) == []
+
+
+def test_merged_suites_keep_every_noise_pair() -> None:
+    """Uniting the lease's suites keeps each suite's noise pairs: no label of one suite
+    names a different pair in another (the eager TP=2 pair of v32n was lost that way)."""
+    from gate import plans
+
+    seen: dict[str, list] = {}
+    for name in plans.LEASE_NEXT:
+        for label, pair in plans.SUITES[name].get("noise", {}).items():
+            assert seen.setdefault(label, pair) == pair, (name, label)
+    eager = plans.SUITES["needle-eager"]["noise"]
+    merged = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_NEXT])["noise"]
+    assert all(merged[k] == v for k, v in eager.items())

@@ -17,7 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 STUB_PYTHON = """#!/bin/bash
-echo "$*" >> "$CALLS"
+echo "$PWD: $*" >> "$CALLS"
 out=$(echo "$*" | sed -n 's/.*--out \\([^ ]*\\).*/\\1/p')
 case "$*" in
   *bench_sparse_mla_kernel*|*bench_dcp_topk*) echo '{}' > "$out" ;;
@@ -40,6 +40,8 @@ def test_first_call_orders_benches_before_gates_and_returns_few_files(tmp_path: 
     (tree / ".gpu" / "device-env.sh").write_text("true\n")
     (tree / ".gpu-tests").mkdir()
     (tree / ".gpu-tests" / "SERIES_TESTS").write_text("tests/x.py\n")
+    (tree / ".gpu-overlay").mkdir()
+    (tree / ".gpu-overlay" / "MANIFEST").write_text("vllm/x.py\n")
     stub = tmp_path / "stub"
     stub.mkdir()
     for name, body in (("python3", STUB_PYTHON), ("nvidia-smi", "#!/bin/bash\n")):
@@ -84,6 +86,24 @@ def test_first_call_orders_benches_before_gates_and_returns_few_files(tmp_path: 
     with tarfile.open(out / "kernel.tar.gz") as tar:
         assert "kernel-bench-h200-0.33.0.json" in tar.getnames()
     assert "passed" in log.read_text()
+    # what later calls need is off the working tree (the next call replaces it)
+    root = tmp_path / "root"
+    assert (root / "overlay" / "MANIFEST").read_text() == "vllm/x.py\n"
+    assert (root / "gpu-tests" / "SERIES_TESTS").is_file()
+    assert lines[order[3]].startswith(f"{root / 'gpu-tests'}:")
+    # a first call that does not carry the overlay or the bundle stops before any bench
+    shutil.rmtree(tree / ".gpu-overlay")
+    calls.write_text("")
+    bad = subprocess.run(
+        ["bash", "scripts/gpu_lease.sh", "first", "500"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 1 and "carry .gpu-overlay and .gpu-tests" in bad.stdout
+    assert "bench_" not in calls.read_text()
 
 
 STAGE_PYTHON = """#!/bin/bash

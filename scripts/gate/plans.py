@@ -50,8 +50,14 @@ def _run(
     }
 
 
-def _noise(ckpt: str, tp1: str, tp2: str, repeats: list[str]) -> dict[str, list]:
-    out = {f"{ckpt}: TP=2 DCP=1 vs TP=1": [ckpt, tp1, tp2, "clean", "clean"]}
+def _noise(
+    ckpt: str, tp1: str, tp2: str, repeats: list[str], label: str = ""
+) -> dict[str, list]:
+    """The noise pairs of a checkpoint: TP=2 DCP=1 against TP=1 and each repeated run. A
+    label that differs from the default's (e.g. " (graphs)") keeps two suites' pairs apart
+    when merge_suites unites them (the 22:37Z lease's graph suite replaced the eager TP=2
+    pair of v32n by its own, which never ran)."""
+    out = {f"{ckpt}: TP=2 DCP=1 vs TP=1{label}": [ckpt, tp1, tp2, "clean", "clean"]}
     for r in repeats:
         out[f"{ckpt}: {r} repeated"] = [ckpt, r, r, "clean", "repeat"]
     return out
@@ -141,7 +147,11 @@ def _needle_suite(graphs: bool) -> dict[str, Any]:
             "glmn", "glmn-tp1-dcp1", "glmn-tp2-dcp1", ["glmn-tp1-dcp1", f"glmn-tp4-dcp1{tag}"]
         )
         | _noise(
-            "v32n", "v32n-tp1-dcp1", f"v32n-tp2-dcp1{tag}", ["v32n-tp1-dcp1", f"v32n-tp2-dcp1{tag}"]
+            "v32n",
+            "v32n-tp1-dcp1",
+            f"v32n-tp2-dcp1{tag}",
+            ["v32n-tp1-dcp1", f"v32n-tp2-dcp1{tag}"],
+            " (graphs)" if graphs else "",
         ),
         "gates": {
             f"glmn-tp4-dcp2{gate}": [f"glmn-tp4-dcp1{tag}", f"glmn-tp4-dcp2{tag}"],

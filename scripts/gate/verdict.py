@@ -481,6 +481,8 @@ def gate_result(
             "kv_cache_dtype": cand.get("config", {}).get("kv_cache_dtype"),
             "reference_used": used_backends(ref),
             "candidate_used": used_backends(cand),
+            "reference_merge_seen": merges_seen(ref),
+            "candidate_merge_seen": merges_seen(cand),
         },
         "tolerance": tol,
         "noise_floor": noise,
@@ -517,6 +519,13 @@ def _over(sens: dict[str, Any], atol: float) -> float | None:
     if sens.get("all_top_ids_disjoint"):
         return 1e9  # disjoint top-k lists: farther than any shared id could move
     return None if figure is None else figure / atol
+
+
+def merges_seen(run: dict[str, Any]) -> list[str] | None:
+    """The DCP top-k merge backends any rank of a run called (None: not recorded, i.e. a
+    run of DCP = 1 or a record written before the spy's result was collected)."""
+    seen = [m for m in run.get("merge_backends_seen") or [] if m is not None]
+    return sorted({b for m in seen for b in m}) if seen else None
 
 
 def used_backends(run: dict[str, Any]) -> list[str]:
