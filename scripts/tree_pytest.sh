@@ -23,5 +23,5 @@ cp -rs "$SITE/vllm" "$W/vllm"
 done
 mkdir -p "$W/run"; cp -r "$TREE/tests" "$W/run/tests"; cp "$TREE/pyproject.toml" "$W/run/"
 cd "$W/run"
-PYTHONPATH="$W" PYTHONDONTWRITEBYTECODE=1 TRITON_INTERPRET=${TRITON_INTERPRET:-1} \
+PYTHONPATH="$W${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1 TRITON_INTERPRET=${TRITON_INTERPRET:-1} \
   "$PY" -m pytest -p no:cacheprovider "$@"

@@ -183,3 +183,19 @@ def test_merged_suites_keep_every_noise_pair() -> None:
     eager = plans.SUITES["needle-eager"]["noise"]
     merged = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_NEXT])["noise"]
     assert all(merged[k] == v for k, v in eager.items())
+
+
+def test_the_rest_queue_holds_every_reference_its_gates_name() -> None:
+    """lease-rest (the rows the 22:37Z lease did not reach) runs every run its gates and
+    noise pairs compare, so a fresh machine can gate it alone."""
+    from gate import plans
+
+    rest = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_REST])
+    names = {r["name"] for r in rest["runs"]}
+    for gate, spec in rest["gates"].items():
+        pair = [spec["ref"], spec["cand"]] if isinstance(spec, dict) else spec
+        assert set(pair) <= names, gate
+    for label, pair in rest["noise"].items():
+        assert set(pair[1:3]) <= names, label
+    assert any(g.endswith("-mtp2-vs-nospec") for g in rest["gates"])
+    assert "glmn-tp4-dcp2-graphs" in rest["gates"] and "p-glmn-tp2-dcp2-ckv" in rest["gates"]

@@ -50,9 +50,7 @@ def _run(
     }
 
 
-def _noise(
-    ckpt: str, tp1: str, tp2: str, repeats: list[str], label: str = ""
-) -> dict[str, list]:
+def _noise(ckpt: str, tp1: str, tp2: str, repeats: list[str], label: str = "") -> dict[str, list]:
     """The noise pairs of a checkpoint: TP=2 DCP=1 against TP=1 and each repeated run. A
     label that differs from the default's (e.g. " (graphs)") keeps two suites' pairs apart
     when merge_suites unites them (the 22:37Z lease's graph suite replaced the eager TP=2
@@ -482,6 +480,37 @@ LEASE_NEXT = [
     "patched-graphs",
     "patched-merges",
     "needle-graphs",
+    "patched-mtp",
+    "patched-routes",
+    "patched-dcp4",
+    "patched-dcp4-extras",
+]
+
+# The rows the 22:37Z lease did not reach (design/dcp-gates.md), with the references their
+# gates need: the stock graph rows, the series' DCP=2 reference (also the MTP, route and wire
+# rows' reference) and its noise runs, MTP, routes and wire, then DCP=4.
+PATCHED_REFS: dict[str, Any] = {
+    "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
+    "runs": [
+        r
+        for r in PATCHED_MATRIX["runs"]
+        if r["name"] in ("p-glmn-tp1-dcp1", "p-glmn-tp2-dcp1", "p-glmn-tp2-dcp2")
+    ],
+    "noise": {
+        k: v
+        for k, v in PATCHED_MATRIX["noise"].items()
+        if "FlashMLA" not in k and "FA bf16" not in k
+    },
+    "gates": {
+        k: v
+        for k, v in PATCHED_MATRIX["gates"].items()
+        if k.endswith("triton_mla_sparse_fp8_ds_mla")
+    },
+}
+SUITES["patched-refs"] = PATCHED_REFS
+LEASE_REST = [
+    "needle-graphs",
+    "patched-refs",
     "patched-mtp",
     "patched-routes",
     "patched-dcp4",
