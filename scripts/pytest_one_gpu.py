@@ -6,7 +6,10 @@ itself, a branch that only runs on CUDA: tests that build TP=2 configurations pa
 on multi-GPU machines and fail on a one-GPU box (the 2026-12-01 22:37Z H200 lease found five
 in the series). With this plugin a CPU run takes that branch:
 
-    PYTHONPATH=scripts scripts/tree_pytest.sh build/vllm -p pytest_one_gpu tests/config/...
+    PYTHONPATH=$PWD/scripts scripts/tree_pytest.sh build/vllm -p pytest_one_gpu tests/config/...
+
+Tests that pick their device from ``is_cuda()`` then look for a CUDA driver and fail: they
+are not what the plugin checks.
 """
 
 from __future__ import annotations
