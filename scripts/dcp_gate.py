@@ -819,6 +819,30 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_decode_rates(args: argparse.Namespace) -> int:
+    """The decode tok/s the runs of a work folder recorded, with how crowded the GPU was."""
+    runs = load_runs(Path(args.work))
+    rates = verdict.decode_rates(runs)
+    used = [runs[row["run"]] for row in rates["rows"]]
+    doc = {
+        "schema_version": 1,
+        "kind": "dcp_gate_decode_rates",
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "revision": revision(),
+        "runs_revision": sorted({json.dumps(r.get("revision")) for r in used}),
+        "base": sorted({(r.get("base") or {}).get("vllm") or "?" for r in used}),
+        "machine": next((r["machine"] for r in used if r.get("machine")), None),
+        **rates,
+    }
+    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    for row in doc["rows"]:
+        print(
+            f"{row['run']:40s} single median {row['single_request_median']} tok/s, "
+            f"ranks alive mean {row['ranks_alive_mean']} max {row['ranks_alive_max']}"
+        )
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = plan.GateConfig(
         name=args.name,
@@ -878,6 +902,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--work", default="/tmp/dcp-gate")
     p.add_argument("--dest", required=True)
     p.set_defaults(func=cmd_collect)
+    p = sub.add_parser("decode-rates", help="decode tok/s of a work folder's runs (emulation)")
+    p.add_argument("--work", required=True, help="holds runs/*.json")
+    p.add_argument("--out", required=True, help="the JSON file to write")
+    p.set_defaults(func=cmd_decode_rates)
     p = sub.add_parser("run", help="one configuration")
     p.add_argument("--name", required=True)
     p.add_argument("--model", required=True)

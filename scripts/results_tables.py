@@ -552,7 +552,45 @@ def dcp_gate_section() -> list[str]:
             ],
             rows,
         )
+    for name, d in gates:
+        if d.get("kind") == "dcp_gate_decode_rates":
+            out += decode_rates_table(name, d)
     return out
+
+
+def decode_rates_table(name: str, d: dict[str, Any]) -> list[str]:
+    """dcp_gate.py decode-rates: the gate runs' decode tok/s and how crowded the GPU was."""
+    out = [
+        f"### Decode rates of the gate runs, `{name}`",
+        "",
+        f"{d['label']}. Runs of revision {', '.join(d.get('runs_revision', []))}, base "
+        f"{', '.join(d.get('base', []))}; command `{d['command']}`.",
+        "",
+    ]
+    rows = [
+        [
+            r["run"],
+            r["variant"],
+            r["backend"],
+            f"TP={r['tp']} DCP={r['dcp']}" + (" graphs" if r.get("graphs") else ""),
+            ", ".join(f"{k}={v}" for k, v in (r.get("engine_extra") or {}).items()) or "-",
+            fmt(r["single_request_median"]),
+            f"{r['ranks_alive_mean']} / {r['ranks_alive_max']}",
+        ]
+        for r in d["rows"]
+    ]
+    return out + table(
+        [
+            "run",
+            "tree",
+            "backend",
+            "parallel",
+            "extra",
+            "decode tok/s (median of single requests)",
+            "ranks alive mean / max",
+        ],
+        rows,
+    )
 
 
 def old_topk_table(name: str, d: dict[str, Any]) -> list[str]:

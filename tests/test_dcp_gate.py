@@ -1134,3 +1134,36 @@ def test_the_real_worker_leaves_the_passes_it_finished(tmp_path: Path, how: str)
     assert got["machine"]["vllm"] == "standin"
     if how == "raises":
         assert "engine died" in got["error"]
+
+
+def test_decode_rates_report_each_runs_rates_and_how_crowded_the_gpu_was() -> None:
+    """decode_rates lists every run with recorded rates (clean pass), the median over its
+    single requests, and the ranks of all runs alive while it ran; a run without rates or
+    without a start time is left out."""
+    from gate import verdict
+
+    def run(name, tp, start, wall, rates):
+        clean = {k: {"timing": {"decode_tok_per_s": v}} for k, v in rates.items()}
+        return {
+            "name": name,
+            "config": {"tp": tp, "dcp": 2, "backend": "B"},
+            "started_at": start,
+            "wall_s": wall,
+            "passes": {"clean": clean},
+        }
+
+    runs = {
+        "a": run("a", 2, 0.0, 10.0, {"single/1024": 3.0, "single/8192": 5.0, "batch/0/7": 1.0}),
+        "b": run("b", 4, 5.0, 10.0, {"single/1024": 2.0}),
+        "c": run("c", 1, 100.0, 1.0, {}),
+        "d": {"name": "d", "config": {"tp": 1}, "passes": {"clean": {}}},
+    }
+    doc = verdict.decode_rates(runs)
+    assert "one-GPU emulation" in doc["label"]
+    rows = {r["run"]: r for r in doc["rows"]}
+    assert set(rows) == {"a", "b"}
+    assert rows["a"]["single_request_median"] == 4.0
+    assert rows["a"]["decode_tok_per_s"]["batch/0/7"] == 1.0
+    # a: 2 ranks alone for 5 s, then 6 with b; b: 6 ranks, then 4 alone
+    assert rows["a"]["ranks_alive_max"] == 6 and rows["b"]["ranks_alive_max"] == 6
+    assert 2 < rows["a"]["ranks_alive_mean"] < 6 and 4 < rows["b"]["ranks_alive_mean"] < 6

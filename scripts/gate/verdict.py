@@ -581,3 +581,65 @@ def validate(result: dict[str, Any]) -> list[str]:
     if not isinstance(result.get("negative_control_detected"), bool):
         errors.append("negative_control_detected must be a bool")
     return errors
+
+
+EMULATION_RATES_LABEL = (
+    "one-GPU emulation (socket transport): every rank of every run shares one GPU and the "
+    "host's cores, and DCP's collectives go through NCCL's socket transport; these decode "
+    "rates are neither fabric figures nor a ranking of kernels or merges"
+)
+
+
+def decode_rates(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per finished run, the clean pass's decode tok/s per request (vLLM's request metrics,
+    as the worker recorded them) and the rank processes of all runs that were alive while
+    it ran (mean and largest, from each run's start and wall time): how crowded the GPU was.
+    """
+    spans = [
+        (r["started_at"], r["started_at"] + r["wall_s"], (r.get("config") or {}).get("tp", 1))
+        for r in runs.values()
+        if r.get("started_at") is not None and r.get("wall_s") is not None
+    ]
+    rows = []
+    for name, run in sorted(runs.items()):
+        clean = (run.get("passes") or {}).get("clean") or {}
+        rates = {
+            k: v["timing"]["decode_tok_per_s"]
+            for k, v in clean.items()
+            if (v.get("timing") or {}).get("decode_tok_per_s") is not None
+        }
+        if not rates or run.get("started_at") is None:
+            continue
+        t0, t1 = run["started_at"], run["started_at"] + run["wall_s"]
+        # ranks alive at 1 s steps over the run's life
+        alive = [
+            sum(n for a, b, n in spans if a <= t < b) for t in range(int(t0), int(t1) + 1)
+        ] or [0]
+        c = run.get("config") or {}
+        rows.append(
+            {
+                "run": name,
+                "variant": c.get("variant", "stock"),
+                "backend": c.get("backend"),
+                "kv_cache_dtype": c.get("kv_cache_dtype"),
+                "tp": c.get("tp"),
+                "dcp": c.get("dcp"),
+                "graphs": c.get("graphs"),
+                "engine_extra": c.get("engine_extra") or {},
+                "decode_tok_per_s": rates,
+                "single_request_median": _median(
+                    [v for k, v in rates.items() if k.startswith("single/")]
+                ),  # None when the run had no single requests
+                "ranks_alive_mean": round(sum(alive) / len(alive), 1),
+                "ranks_alive_max": max(alive),
+            }
+        )
+    return {"label": EMULATION_RATES_LABEL, "rows": rows}
+
+
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    v = sorted(values)
+    mid = len(v) // 2
+    return round(v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2, 3)
