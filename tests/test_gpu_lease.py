@@ -27,6 +27,18 @@ exit 0
 """
 
 
+def first_call(tree: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`gpu_lease.sh first 500` in the stub tree."""
+    return subprocess.run(
+        ["bash", "scripts/gpu_lease.sh", "first", "500"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_first_call_orders_benches_before_gates_and_returns_few_files(tmp_path: Path) -> None:
     """FlashInfer's all-reduce module is built (detached), the benches run before
@@ -60,14 +72,7 @@ def test_first_call_orders_benches_before_gates_and_returns_few_files(tmp_path: 
         "CALL_S": "40",
         "CALLS": str(calls),
     }
-    subprocess.run(
-        ["bash", "scripts/gpu_lease.sh", "first", "500"],
-        cwd=tree,
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+    first_call(tree, env).check_returncode()
     log = tmp_path / "root" / "lease" / "tree-tests" / "tree-tests-h200.log"
     for _ in range(50):  # the detached tree tests
         if log.is_file() and "passed" in log.read_text():
@@ -94,14 +99,7 @@ def test_first_call_orders_benches_before_gates_and_returns_few_files(tmp_path: 
     # a first call that does not carry the overlay or the bundle stops before any bench
     shutil.rmtree(tree / ".gpu-overlay")
     calls.write_text("")
-    bad = subprocess.run(
-        ["bash", "scripts/gpu_lease.sh", "first", "500"],
-        cwd=tree,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    bad = first_call(tree, env)
     assert bad.returncode == 1 and "carry .gpu-overlay and .gpu-tests" in bad.stdout
     assert "bench_" not in calls.read_text()
 
