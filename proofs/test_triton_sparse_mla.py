@@ -580,50 +580,6 @@ def test_flat_record_addressing_is_bit_identical(tsm, p, fold):
     assert torch.equal(o1, o2) and torch.equal(l1, l2)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(p=problems())
-def test_bf16_dequant_is_bit_identical_for_the_writers_scales(tsm, p):
-    """With the power-of-two scales vLLM 0.33's writer stores, dequantising the keys as
-    bf16(e4m3) * bf16(scale) returns exactly the bits of the fp32 dequantisation, on every
-    layout, count and split; with a scale that is not a power of two it does not (the
-    switch changes the arithmetic; the negative control)."""
-    records, _, cache, indices, counts, q = build(p, tsm)
-    kw = dict(
-        valid_counts=None if counts is None else torch.from_numpy(counts),
-        num_splits=p["num_splits"],
-        block_n=p["block_n"],
-    )
-    idx = torch.from_numpy(indices)
-    o1, l1 = tsm.sparse_mla_fp8_ds_mla_attention(q, cache, idx, 0.05, **kw)
-    o2, l2 = tsm.sparse_mla_fp8_ds_mla_attention(q, cache, idx, 0.05, bf16_dequant=True, **kw)
-    assert torch.equal(o1, o2) and torch.equal(l1, l2)
-    with pytest.raises(ValueError, match="bf16_dequant"):
-        tsm.sparse_mla_fp8_ds_mla_attention(
-            q, cache, idx, 0.05, bf16_dequant=True, fold_scales=True, **kw
-        )
-
-
-def test_bf16_dequant_rounds_a_scale_that_is_not_a_power_of_two(tsm):
-    """The negative control of the bit-identity proof: scales times 1.37 (not powers of two)
-    give other outputs with bf16_dequant, close to the fp32 path's (the scale rounded to
-    bf16)."""
-    rng = np.random.default_rng(3)
-    records = tsm.quantize_fp8_ds_mla(make_kv(rng, 64))
-    scales = records[:, 512:528].contiguous().view(torch.float32) * 1.37
-    records[:, 512:528] = scales.contiguous().view(torch.uint8)
-    q = torch.from_numpy(rng.standard_normal((2, 4, 576))).to(torch.bfloat16)
-    idx = torch.from_numpy(rng.integers(0, 64, (2, 48)).astype(np.int32))
-    o1, l1 = tsm.sparse_mla_fp8_ds_mla_attention(q, records, idx, 0.05, block_n=16)
-    o2, l2 = tsm.sparse_mla_fp8_ds_mla_attention(
-        q, records, idx, 0.05, block_n=16, bf16_dequant=True
-    )
-    assert not torch.equal(o1, o2)
-    # bf16 rounding of the scale: relative 2^-9 on every key value, which the softmax of
-    # these logits (|q.k| * 0.05 up to ~10) amplifies a few times; far below a wrong key
-    assert (o1.float() - o2.float()).abs().max() <= 2.0**-6 * o1.float().abs().max() + 2e-2
-    assert (l1 - l2).abs().max() <= 0.05
-
-
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(p=problems(), flat=st.booleans())
 def test_folded_scales_match_float64_reference(tsm, p, flat):

@@ -85,16 +85,11 @@ VARIANTS: dict[str, dict[str, bool]] = {
     # pipelining by hand), or only its slots and record offsets; bit-identical to "flat".
     "flat_prefetch": dict(flat_records=True, fold_scales=False, prefetch=True),
     "flat_prefetch_slots": dict(flat_records=True, fold_scales=False, prefetch_slots=True),
-    # Keys dequantised in bf16 (exact for the writer's power-of-two scales): a third of the
-    # fp32 path's conversion and multiply instructions in an offline sm_90 compile.
-    "flat_bf16": dict(flat_records=True, fold_scales=False, bf16_dequant=True),
-    "flat_prefetch_bf16": dict(
-        flat_records=True, fold_scales=False, prefetch=True, bf16_dequant=True
-    ),
 }
+# (The bf16 dequantisation variants flat_bf16 / flat_prefetch_bf16 timed 2026-12-01 22:38Z,
+# results/kernel-bench-h200-0.33.0.json at 605d99b, were slower and left the kernel.)
 # Variants that need a kernel launch argument an older kernel file lacks.
-PREFETCH_VARIANTS = ("flat_prefetch", "flat_prefetch_slots", "flat_prefetch_bf16")
-BF16_VARIANTS = ("flat_bf16", "flat_prefetch_bf16")
+PREFETCH_VARIANTS = ("flat_prefetch", "flat_prefetch_slots")
 # (block_h, block_n, num_warps, num_stages); the first of each list is today's default
 # on 227 KiB-shared-memory GPUs (_TILINGS_BIG). (16, 64, 8, 2) is the fold variant's
 # tiling without register spills in an offline sm_90 compile (design/triton-sparse-mla.md).
@@ -900,11 +895,12 @@ def main(argv: list[str] | None = None) -> int:
         print("kernel file without launch variants: base variant only", flush=True)
     else:
         fields = getattr(kern.SparseMLAPlan, "__dataclass_fields__", {})
-        for flag, names in (("prefetch", PREFETCH_VARIANTS), ("bf16_dequant", BF16_VARIANTS)):
-            if flag not in fields:
-                for name in names:
-                    VARIANTS.pop(name, None)
-                print(f"kernel file without {flag}: {', '.join(names)} dropped", flush=True)
+        if "prefetch" not in fields:
+            for name in PREFETCH_VARIANTS:
+                VARIANTS.pop(name, None)
+            print(
+                f"kernel file without prefetch: {', '.join(PREFETCH_VARIANTS)} dropped", flush=True
+            )
     props = torch.cuda.get_device_properties(0)
     result: dict[str, Any] = dict(
         schema_version=2,

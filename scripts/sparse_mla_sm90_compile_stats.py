@@ -176,7 +176,8 @@ def main() -> int:
     parser.add_argument(
         "--bf16",
         action="store_true",
-        help="compile BF16_POINTS (PREFETCH_POINTS with and without bf16_dequant)",
+        help="compile BF16_POINTS (PREFETCH_POINTS with and without bf16_dequant; kernel "
+        "files up to revision 605d99b: the variant left the kernel once it timed slower)",
     )
     args = parser.parse_args()
     os.environ.pop("TRITON_INTERPRET", None)
