@@ -118,8 +118,11 @@ case "${1:?first|wait}" in
     python3 scripts/dcp_gate.py start --suites "${GATE_SUITES:-lease-next}" --work "$GATE" \
       --deadline-s "$deadline"
     mkdir -p "$RES/tree-tests"
-    OUT="$RES/tree-tests" RES="$RES/tree-tests" TREE_TESTS="$R/gpu-tests" setsid nohup bash scripts/gpu_h200_session.sh \
-      tree-tests > "$RES/tree-tests/stage.log" 2>&1 < /dev/null &
+    # beside the gates the files run slowly (the 22:37Z lease's kernel test file needed more
+    # than 240 s): the stage may use the whole lease, each file 6 minutes
+    OUT="$RES/tree-tests" RES="$RES/tree-tests" TREE_TESTS="$R/gpu-tests" \
+      STAGE_TIMEOUT=${TREE_STAGE_S:-1100} FILE_TIMEOUT=${TREE_FILE_S:-360} setsid nohup \
+      bash scripts/gpu_h200_session.sh tree-tests > "$RES/tree-tests/stage.log" 2>&1 < /dev/null &
     gate_wait
     tail -3 "$RES/tree-tests/tree-tests-h200.log" 2>/dev/null
     pack ;;
