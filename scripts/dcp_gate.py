@@ -814,6 +814,14 @@ def _suite_main(args: argparse.Namespace) -> int:
             Path(done).write_text(f"{rc}\n")
 
 
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    """Write the suite's missing checkpoints into <work>/ckpt (what ``suite`` does first), so
+    that a lease can make them while its benchmarks hold the GPU (they need only the CPU)."""
+    for name, path in make_checkpoints(resolve_suite(args), Path(args.work)).items():
+        print(f"{name}: {path}", flush=True)
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     report(resolve_suite(args), Path(args.work), Path(args.out))
     return 0
@@ -868,7 +876,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name, fn in (("suite", _suite_main), ("report", cmd_report), ("start", cmd_start)):
+    for name, fn in (
+        ("suite", _suite_main),
+        ("report", cmd_report),
+        ("start", cmd_start),
+        ("checkpoints", cmd_checkpoints),
+    ):
         p = sub.add_parser(name)
         p.add_argument("--suite", help=f"{', '.join(plans.SUITES)}, patched, or JSON")
         p.add_argument(

@@ -41,9 +41,10 @@ def first_call(tree: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_first_call_orders_benches_before_gates_and_returns_few_files(tmp_path: Path) -> None:
-    """FlashInfer's all-reduce module is built (detached), the benches run before
-    `dcp_gate.py start` (alone on the GPU), the tree tests run detached after it, and $OUT
-    holds the bench archives, the logs and nothing else."""
+    """FlashInfer's all-reduce module is built (detached) and the gate checkpoints are made
+    beside the benches, the benches run before `dcp_gate.py start` (alone on the GPU), the
+    tree tests run detached after it, and $OUT holds the bench archives, the logs and
+    nothing else."""
     tree = tmp_path / "tree"
     shutil.copytree(REPO / "scripts", tree / "scripts")
     for name in ("device-install", "device-overlay"):
@@ -84,6 +85,9 @@ def test_first_call_orders_benches_before_gates_and_returns_few_files(tmp_path: 
         for key in ("bench_sparse_mla_kernel", "bench_dcp_topk", "dcp_gate.py start", "-m pytest")
     ]
     assert order == sorted(order)
+    # the gate checkpoints are made beside the benches and finished before the gates start
+    ckpt = next(i for i, line in enumerate(lines) if "dcp_gate.py checkpoints" in line)
+    assert ckpt < order[2] and "--suites lease-next" in lines[ckpt]
     assert "--suites lease-next" in lines[order[2]] and "--deadline-s 500" in lines[order[2]]
     assert any("prewarm_flashinfer" in line for line in lines)  # detached: no fixed order
     files = sorted(p.name for p in out.iterdir())
