@@ -119,16 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     lens = [int(x) for x in args.lens.split(",")]
     import os
     import platform
-    import subprocess
 
-    rev = subprocess.run(
-        ["git", "-C", str(HERE), "rev-parse", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    from evidence import git_revision
+
     res = {
         "kind": "dcp-gate-ckpt-reference",
         "what": "CPU fp32 forward of a gate checkpoint: predicted sensitivity (not a GPU run)",
         "command": " ".join([sys.executable, *sys.argv]),
-        "revision": rev or None,
+        "revision": git_revision(),
         "machine": {
             "platform": platform.platform(),
             "cpus": os.cpu_count(),

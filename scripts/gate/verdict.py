@@ -23,6 +23,7 @@ the comparison fail.
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 from gate.ledger import phase_sums
@@ -638,8 +639,4 @@ def decode_rates(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def _median(values: list[float]) -> float | None:
-    if not values:
-        return None
-    v = sorted(values)
-    mid = len(v) // 2
-    return round(v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2, 3)
+    return round(statistics.median(values), 3) if values else None
