@@ -117,7 +117,9 @@ case "${1:?first|wait}" in
     OMP_NUM_THREADS=8 python3 scripts/dcp_gate.py checkpoints --suites "${GATE_SUITES:-lease-next}" \
       --work "$GATE" > "$RES/checkpoints.log" 2>&1 < /dev/null &
     ckpt_pid=$!
-    RES="$RES/session" bash scripts/gpu_h200_session.sh kernel topk
+    # BENCH_STAGES: the benches to run (default both; a lease that changed only the merge
+    # runs topk alone and gives the kernel's minutes to the gates)
+    RES="$RES/session" bash scripts/gpu_h200_session.sh ${BENCH_STAGES:-kernel topk}
     tail -1 "$RES/prewarm-flashinfer.log" 2>/dev/null
     wait "$ckpt_pid" || { echo "checkpoints failed"; tail -5 "$RES/checkpoints.log"; }
     echo "=== gates start $(date -u +%T)"

@@ -628,7 +628,11 @@ MERGE_GRIDS = {
 }
 
 
-MERGE_EXTRA = {"triton_radix4": "Triton radix-4", "triton_bisect": "Triton bisect"}
+MERGE_EXTRA = {
+    "triton_radix4": "Triton radix-4",
+    "triton_radix11": "Triton radix-11",
+    "triton_bisect": "Triton bisect",
+}
 
 
 def merge_table(name: str, d: dict[str, Any]) -> list[str]:

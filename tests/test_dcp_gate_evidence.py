@@ -199,3 +199,21 @@ def test_the_rest_queue_holds_every_reference_its_gates_name() -> None:
         assert set(pair[1:3]) <= names, label
     assert any(g.endswith("-mtp2-vs-nospec") for g in rest["gates"])
     assert "glmn-tp4-dcp2-graphs" in rest["gates"] and "p-glmn-tp2-dcp2-ckv" in rest["gates"]
+
+
+def test_the_rest_queue_puts_mtp_before_the_v32_graph_rows_and_dcp4() -> None:
+    """lease-rest starts the series' DCP=2 reference, MTP k=2 and the adaptive ladder before
+    the V3.2 graph rows and every DCP=4 run (MTP was cut in every earlier lease), and its
+    priority suite only reorders: it adds no run of its own."""
+    from gate import plans
+
+    order = [
+        r["name"]
+        for r in plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_REST])["runs"]
+    ]
+    first = order.index
+    for run in ("p-glmn-tp2-dcp2", "p-glmn-tp2-dcp2-mtp2", "p-glmn-tp2-dcp2-mtpadaptive"):
+        assert first(run) < first("v32n-tp2-dcp1-graphs") and first(run) < first("p-glmn-tp4-dcp1")
+    assert first("glmn-tp4-dcp2-graphs") < first("p-glmn-tp2-dcp2-ckv")
+    without = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_REST[1:]])["runs"]
+    assert sorted(order) == sorted(r["name"] for r in without)

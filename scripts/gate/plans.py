@@ -508,7 +508,38 @@ PATCHED_REFS: dict[str, Any] = {
     },
 }
 SUITES["patched-refs"] = PATCHED_REFS
+
+
+def _first(names: list[str], suites: list[str]) -> dict[str, Any]:
+    """The named runs of the named suites, in the order given, as a suite with no gates:
+    put first in a queue, it moves those runs forward (merge_suites keeps a name's first
+    place) while their suites still bring the gates and noise pairs."""
+    runs = {r["name"]: r for n in suites for r in SUITES[n]["runs"]}
+    picked = [runs[n] for n in names]
+    checkpoints = {r["model"][1:]: NEEDLE_CKPTS[r["model"][1:]] for r in picked}
+    return {"checkpoints": checkpoints, "runs": picked, "noise": {}, "gates": {}}
+
+
+# In every lease so far MTP under DCP was cut (it came last). Here the series' DCP=2
+# reference, the stock GLM TP=4 FULL-graph reference, MTP k=2 and the adaptive ladder, the
+# stock GLM FULL-graph DCP rows (DCP > 1 under FULL graphs: upstream #46145), then the DCP=2
+# route and wire come before the V3.2 graph rows, the other depths and DCP=4 (warm-up runs
+# still go first).
+SUITES["rest-first"] = _first(
+    [
+        "p-glmn-tp2-dcp2",
+        "glmn-tp4-dcp1-graphs",
+        "p-glmn-tp2-dcp2-mtp2",
+        "p-glmn-tp2-dcp2-mtpadaptive",
+        "glmn-tp4-dcp2-graphs",
+        "glmn-tp4-dcp4-graphs",
+        "p-glmn-tp2-dcp2-ckv",
+        "p-glmn-tp2-dcp2-fp8wire",
+    ],
+    ["needle-graphs", "patched-refs", "patched-mtp", "patched-routes"],
+)
 LEASE_REST = [
+    "rest-first",
     "needle-graphs",
     "patched-refs",
     "patched-mtp",
