@@ -552,9 +552,13 @@ def _runs(cfg_extra: dict | None = None, **passes: dict) -> dict:
     return run
 
 
-def _gate(ref: dict, cand: dict, kind: str, floor: float = 0.001) -> dict:
+def _gate(ref: dict, cand: dict, kind: str, floor: float = 0.001, move: float = 10.0) -> dict:
     tol = verdict.derive_tolerance({"n": floor})
-    sens = {"sufficient": True, "min_first_step_max_abs_logprob_diff": 10.0}
+    sens = {
+        "sufficient": move >= verdict.SENSITIVITY_MARGIN * tol["atol_logprob"],
+        "min_first_step_move_lower_bound": move,
+        "min_first_step_max_abs_logprob_diff": move / 4,
+    }
     res = verdict.gate_result("g", ref, cand, tol, {"max_abs_logprob_diff": floor}, sens, kind)
     assert verdict.validate(res) == []
     json.dumps(res, allow_nan=False)
@@ -594,6 +598,26 @@ def test_wire_gate_reports_its_own_tolerance_and_never_borrows_the_bf16_one():
     assert res["negative_control_detected"]
     far = _runs(clean={"single/8": shifted(REF, 0.05)})
     assert not _gate(ref, far, "wire")["wire"]["equivalent_under_wire_tolerance"]
+
+
+def test_a_wire_within_the_bf16_tolerance_is_judged_there():
+    """A wire that stayed within the bf16 tolerance is judged at it: sensitivity and negative
+    control at the bf16 tolerance (meaningful although the sensitivity is below 5x the wider
+    wire tolerance); one outside it is judged at the wire tolerance, by the same sensitivity
+    figure the bf16 verdict uses (the move lower bound)."""
+    ref = _runs()
+    fault = {"single/8": shifted(REF, 0.01)}  # 2.5x the bf16 tolerance, within 16 x floor
+    close = _runs(clean={"single/8": shifted(REF, 0.0005)}, fault=fault)
+    res = _gate(ref, close, "wire", move=0.03)  # 7.5x the bf16 tolerance, 1.9x the wire one
+    assert res["equivalent"] and res["wire"]["judged_at"] == "bf16 tolerance"
+    assert res["negative_control"]["atol_logprob"] == pytest.approx(0.004)
+    assert res["negative_control_detected"] and res["meaningful"]
+    assert res["wire"]["sensitivity_over_wire_tolerance"] == pytest.approx(0.03 / 0.016)
+    lossy = _runs(clean={"single/8": shifted(REF, 0.01)}, fault={"single/8": shifted(REF, 0.5)})
+    res = _gate(ref, lossy, "wire", move=0.03)
+    assert not res["equivalent"] and res["wire"]["judged_at"] == "wire tolerance"
+    assert res["negative_control_detected"] and not res["meaningful"]
+    assert _gate(ref, lossy, "wire", move=0.1)["meaningful"]  # 6.25x the wire tolerance
 
 
 def test_a_light_candidate_is_compared_on_what_it_served_and_must_serve_it_all():

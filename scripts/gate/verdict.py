@@ -347,6 +347,7 @@ NEGATIVE_CONTROL_NOTES = {
     "it still does; on the packed-CKV route prefill rows take no merge, so the fault reaches "
     "the decode rows only) against the reference's clean pass",
     "wire": "the candidate's fault pass against the reference's clean pass, judged under the "
+    "tolerance the wire is judged at: the bf16 one when the wire stayed within it, else the "
     "wire tolerance (a fault that the wider tolerance hides is not detected)",
     "spec": "the speculative run's fault pass (one DCP rank's partial dropped in the target and "
     "the draft model) against the non-speculative reference's clean pass",
@@ -432,7 +433,9 @@ def gate_result(
         raw = compare_passes(ref, cand, math.inf, keys_of=keys_of)
         dev = raw["max_abs_logprob_diff"]
         under_wire = compare_passes(ref, cand, wire_atol, keys_of=keys_of)
-        neg_atol = wire_atol
+        # A wire within the bf16 tolerance makes the strict claim: its sensitivity and its
+        # negative control are judged there; otherwise under the wider wire tolerance.
+        neg_atol = atol if equivalent else wire_atol
         extra["wire"] = {
             "dtype": (cand.get("config", {}).get("engine_extra") or {}).get("dcp_wire_dtype"),
             "max_abs_logprob_diff": dev,
@@ -441,6 +444,7 @@ def gate_result(
             "tolerance": {"atol_logprob": wire_atol, "rule": WIRE_TOLERANCE_RULE},
             "equivalent_under_wire_tolerance": under_wire["equivalent"],
             "sensitivity_over_wire_tolerance": _over(sens, wire_atol),
+            "judged_at": "bf16 tolerance" if equivalent else "wire tolerance",
         }
     if kind == "spec":
         ref_done = finished_passes(ref)
@@ -466,7 +470,7 @@ def gate_result(
     if kind in ("dcp_pair", "wire") and (ref.get("ledger") or cand.get("ledger")):
         extra["ledger"] = {"reference": ledger_totals(ref), "candidate": ledger_totals(cand)}
     sufficient = bool(sens.get("sufficient"))
-    if kind == "wire":
+    if kind == "wire" and not equivalent:
         over = extra["wire"]["sensitivity_over_wire_tolerance"]
         sufficient = sufficient and over is not None and over >= SENSITIVITY_MARGIN
     return {
@@ -516,9 +520,8 @@ def _lighter(ref: dict[str, Any], cand: dict[str, Any]) -> bool:
 
 
 def _over(sens: dict[str, Any], atol: float) -> float | None:
-    figure = sens.get("min_first_step_max_abs_logprob_diff")
-    if sens.get("all_top_ids_disjoint"):
-        return 1e9  # disjoint top-k lists: farther than any shared id could move
+    """The sensitivity figure ``sensitivity`` judges by, over another tolerance."""
+    figure = sens.get("min_first_step_move_lower_bound")
     return None if figure is None else figure / atol
 
 
