@@ -208,8 +208,7 @@ def test_the_rest_queue_puts_mtp_before_the_v32_graph_rows_and_dcp4() -> None:
     from gate import plans
 
     order = [
-        r["name"]
-        for r in plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_REST])["runs"]
+        r["name"] for r in plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_REST])["runs"]
     ]
     first = order.index
     for run in ("p-glmn-tp2-dcp2", "p-glmn-tp2-dcp2-mtp2", "p-glmn-tp2-dcp2-mtpadaptive"):
