@@ -549,6 +549,33 @@ LEASE_REST = [
 ]
 
 
+# DeepSeek-V3.2 at DCP = 4 (TP = 4: 8 local heads, 32 gathered), stock FlashMLA-sparse, eager:
+# the issue-12 matrix's DCP = 4 row for the V3.2 geometry (its A2A-free AG+RS combine).
+NEEDLE_V32_TP4: dict[str, Any] = {
+    "checkpoints": {"v32n": NEEDLE_CKPTS["v32n"]},
+    "runs": [
+        _run("v32n-tp1-dcp1", "v32n", 1, 1, ["clean", "repeat", "sensitivity"], warmup=True),
+        _run("v32n-tp4-dcp1", "v32n", 4, 1, ["clean", "repeat", "sensitivity"]),
+        _run("v32n-tp4-dcp4", "v32n", 4, 4, ["clean", "fault"]),
+    ],
+    "noise": {
+        "v32n: TP=4 DCP=1 vs TP=1": ["v32n", "v32n-tp1-dcp1", "v32n-tp4-dcp1", "clean", "clean"],
+        "v32n: v32n-tp4-dcp1 repeated": [
+            "v32n",
+            "v32n-tp4-dcp1",
+            "v32n-tp4-dcp1",
+            "clean",
+            "repeat",
+        ],
+    },
+    "gates": {"v32n-tp4-dcp4-eager": ["v32n-tp4-dcp1", "v32n-tp4-dcp4"]},
+}
+SUITES["needle-v32-tp4"] = NEEDLE_V32_TP4
+# After the 2026-12-02 01:20Z lease: the DCP = 4 rows, the series' first (its TP = 4 DCP = 4
+# run served a clean pass before the deadline cut it), then V3.2 at DCP = 4.
+LEASE_DCP4 = ["patched-dcp4", "patched-dcp4-extras", "needle-v32-tp4"]
+
+
 def merge_suites(suites: list[dict[str, Any]]) -> dict[str, Any]:
     """Several suites as one queue: runs in the given order (first definition of a name
     wins), warm-up runs moved to the front, checkpoints, noise pairs and gates united."""
