@@ -565,15 +565,15 @@ def _best_sensitivity(runs: dict[str, Any], ckpt: str, atol: float, ref_name: st
 
 def resolve_suite(args: argparse.Namespace) -> dict[str, Any]:
     """--suite NAME (or a JSON file), or --suites A,B,C (``lease``: plans.LEASE,
-    ``lease-next``: plans.LEASE_NEXT, ``lease-rest``: plans.LEASE_REST, ``lease-dcp4``:
-    plans.LEASE_DCP4) as one queue."""
+    ``lease-next``: plans.LEASE_NEXT, ``lease-rest``: plans.LEASE_REST, ``lease-open``:
+    plans.LEASE_OPEN) as one queue."""
     names = getattr(args, "suites", None)
     if names:
         named = {
             "lease": plans.LEASE,
             "lease-next": plans.LEASE_NEXT,
             "lease-rest": plans.LEASE_REST,
-            "lease-dcp4": plans.LEASE_DCP4,
+            "lease-open": plans.LEASE_OPEN,
         }
         listed = named[names] if names in named else names.split(",")
         suites = []

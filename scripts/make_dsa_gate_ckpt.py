@@ -242,6 +242,9 @@ NEEDLE_DEFAULTS = {
     # add_answer: how far the needle raises one answer token's logit (0: no answer token)
     "answer_logit": 0.0,
     "answer_id": 31999.0,  # outside the gates' prompt ids (gate.plan.PROMPT_ID_RANGE)
+    # add_mtp_answer: the MTP layer's draft logit of the answer when it retrieves the needle
+    # (0: the MTP layer stays random, its drafts are rejected)
+    "mtp_answer_logit": 0.0,
 }
 
 
@@ -249,8 +252,60 @@ def _rms(x: Any) -> Any:
     return x * (x.pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt()
 
 
+def _plant_needle(
+    t: dict[str, Any],
+    cfg: dict[str, Any],
+    p: str,
+    gen: Any,
+    sample: Any,
+    c_hat: Any,
+    n_hat: Any,
+    c_along: float,
+    knobs: dict[str, float],
+) -> None:
+    """add_needle's rank-one terms in one attention layer ``p`` (``...self_attn``)."""
+    import torch
+
+    heads, kv_lora = cfg["num_attention_heads"], cfg["kv_lora_rank"]
+    nope, rope, v = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    idx_heads, idx_dim = cfg["index_n_heads"], cfg["index_head_dim"]
+    kappa = knobs["kappa"]
+    scale = (nope + rope) ** -0.5
+    q_c = _rms(sample @ t[f"{p}.q_a_proj.weight"].T)
+    u = q_c.mean(0)
+    u_hat, u_norm = u / u.norm(), float(u.norm())
+    if f"{p}.indexer.wk.weight" in t:
+        d = torch.zeros(idx_dim)
+        d[idx_dim // 2 :] = torch.randn(idx_dim // 2, generator=gen)
+        d -= d.sum() / idx_dim * (d != 0)  # zero mean over all dims: LayerNorm keeps it
+        d = d / d.norm()
+        wq = t[f"{p}.indexer.wq_b.weight"].view(idx_heads, idx_dim, -1)
+        wq += (knobs["index_margin"] / u_norm) * torch.outer(d, u_hat)
+        t[f"{p}.indexer.wk.weight"] += kappa * torch.outer(d, n_hat)
+        t[f"{p}.indexer.weights_proj.weight"] += (
+            (knobs["weight_bias"] / (c_along * idx_heads**-0.5 * idx_dim**-0.5))
+            * torch.outer(torch.ones(idx_heads), c_hat)
+            * idx_heads**-0.5
+            * idx_dim**-0.5
+        )
+    e = torch.randn(kv_lora, generator=gen)
+    e = e / e.norm()
+    t[f"{p}.kv_a_proj_with_mqa.weight"][:kv_lora] += kappa * torch.outer(e, n_hat)
+    kv_b = t[f"{p}.kv_b_proj.weight"].view(heads, nope + v, kv_lora)
+    q_b = t[f"{p}.q_b_proj.weight"].view(heads, nope + rope, -1)
+    for hd in range(heads):
+        k_needle = kv_b[hd, :nope] @ (e * kv_lora**0.5)
+        beta = knobs["attn_margin"] / scale / (u_norm * float(k_needle.norm()))
+        q_b[hd, :nope] += beta * torch.outer(k_needle / k_needle.norm(), u_hat)
+
+
 def add_needle(
-    t: dict[str, Any], cfg: dict[str, Any], seed: int, needle_id: int, knobs: dict[str, float]
+    t: dict[str, Any],
+    cfg: dict[str, Any],
+    seed: int,
+    needle_id: int,
+    knobs: dict[str, float],
+    extra_layers: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Make one token id a needle every query retrieves (in place; fp32 tensors).
 
@@ -266,15 +321,13 @@ def add_needle(
         every head's no-rope query gain a logit of ``attn_margin`` on the needle's key
         (``q_b_proj += K_h u^T``): attention puts a large weight on the needle.
     Layer 0 is exact up to rope and fp8; deeper layers see the same directions diluted by the
-    residual stream. ``--check`` measures layer 0."""
+    residual stream. ``--check`` measures layer 0. ``extra_layers`` (e.g. the MTP layer's
+    ``model.layers.<n>``) get the same terms from a generator of their own."""
     import torch
 
     gen = torch.Generator().manual_seed(seed + 7)
     h, n_layers = cfg["hidden_size"], cfg["num_hidden_layers"]
-    heads, kv_lora = cfg["num_attention_heads"], cfg["kv_lora_rank"]
-    nope, rope, v = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
-    idx_heads, idx_dim = cfg["index_n_heads"], cfg["index_head_dim"]
-    alpha, gamma, kappa = knobs["alpha"], knobs["gamma"], knobs["kappa"]
+    alpha, gamma = knobs["alpha"], knobs["gamma"]
     c = torch.randn(h, generator=gen)
     c_hat = c / c.norm()
     nv = torch.randn(h, generator=gen)
@@ -286,35 +339,17 @@ def add_needle(
     # the typical normalised input of a layer-0 query: its mean over random tokens
     sample = _rms(emb[torch.randint(2, emb.shape[0], (256,), generator=gen)])
     c_along = float((sample @ c_hat).mean())
-    scale = (nope + rope) ** -0.5
     for i in range(n_layers):
-        p = f"model.layers.{i}.self_attn"
-        q_c = _rms(sample @ t[f"{p}.q_a_proj.weight"].T)
-        u = q_c.mean(0)
-        u_hat, u_norm = u / u.norm(), float(u.norm())
-        if f"{p}.indexer.wk.weight" in t:
-            d = torch.zeros(idx_dim)
-            d[idx_dim // 2 :] = torch.randn(idx_dim // 2, generator=gen)
-            d -= d.sum() / idx_dim * (d != 0)  # zero mean over all dims: LayerNorm keeps it
-            d = d / d.norm()
-            wq = t[f"{p}.indexer.wq_b.weight"].view(idx_heads, idx_dim, -1)
-            wq += (knobs["index_margin"] / u_norm) * torch.outer(d, u_hat)
-            t[f"{p}.indexer.wk.weight"] += kappa * torch.outer(d, n_hat)
-            t[f"{p}.indexer.weights_proj.weight"] += (
-                (knobs["weight_bias"] / (c_along * idx_heads**-0.5 * idx_dim**-0.5))
-                * torch.outer(torch.ones(idx_heads), c_hat)
-                * idx_heads**-0.5
-                * idx_dim**-0.5
-            )
-        e = torch.randn(kv_lora, generator=gen)
-        e = e / e.norm()
-        t[f"{p}.kv_a_proj_with_mqa.weight"][:kv_lora] += kappa * torch.outer(e, n_hat)
-        kv_b = t[f"{p}.kv_b_proj.weight"].view(heads, nope + v, kv_lora)
-        q_b = t[f"{p}.q_b_proj.weight"].view(heads, nope + rope, -1)
-        for hd in range(heads):
-            k_needle = kv_b[hd, :nope] @ (e * kv_lora**0.5)
-            beta = knobs["attn_margin"] / scale / (u_norm * float(k_needle.norm()))
-            q_b[hd, :nope] += beta * torch.outer(k_needle / k_needle.norm(), u_hat)
+        _plant_needle(
+            t, cfg, f"model.layers.{i}.self_attn", gen, sample, c_hat, n_hat, c_along, knobs
+        )
+    # layers past the target (the MTP layer) draw from their own generator, so that the
+    # target's tensors do not depend on them
+    extra_gen = torch.Generator().manual_seed(seed + 13)
+    for prefix in extra_layers:
+        _plant_needle(
+            t, cfg, f"{prefix}.self_attn", extra_gen, sample, c_hat, n_hat, c_along, knobs
+        )
     return {"needle_id": needle_id, **knobs}
 
 
@@ -367,6 +402,86 @@ def add_answer(
         "beta": beta,
         "calibration_level": level,
         "calibration_level_without": float((without_n @ g_hat).mean()),
+    }
+
+
+def add_mtp_answer(
+    t: dict[str, Any], cfg: dict[str, Any], seed: int, needle_id: int, knobs: dict[str, float]
+) -> dict[str, Any]:
+    """Make the MTP layer draft what the target writes, through its own attention (in place;
+    fp32 tensors; after ``add_needle`` planted the needle in the MTP layer too and
+    ``add_answer`` made the target write the answer at every step).
+
+    The MTP layer's ``eh_proj`` reads the token embedding only (``[I, 0]``: its block input is
+    the next token's normed embedding, as layer 0's is the current one's, so the needle's
+    rank-one terms hold there exactly up to rope and fp8), its MLP writes nothing (every down
+    projection zero: the MoE routing of the layer cannot matter) and its ``o_proj`` maps the
+    retrieved needle's value onto the answer's head row: ``o_proj = (s / level) r z^T`` with
+    ``z`` the mean change of the heads' values with the needle (a calibration prompt as in
+    ``add_answer``, its own seed), ``level`` their mean projection on it, ``r`` the answer's
+    unit head row and ``s`` chosen (bisection) so that the mean draft logit of the answer over
+    the calibration positions is ``mtp_answer_logit``. So a draft is the answer, the target's
+    token, exactly when the MTP layer's attention over its own (DCP-sharded) cache finds the
+    needle: a DCP fault in the draft path shows as lost acceptance."""
+    import random
+
+    import torch
+    from gate.plan import PERTURB_POSITION, PROMPT_ID_RANGE
+    from gate_refmodel import attention, mtp_draft_logits, mtp_inputs
+
+    goal = knobs["mtp_answer_logit"]
+    if goal <= 0:
+        return {}
+    n, h = cfg["num_hidden_layers"], cfg["hidden_size"]
+    p = f"model.layers.{n}."
+    answer = int(knobs["answer_id"])
+    t[p + "eh_proj.weight"] = torch.cat((torch.eye(h), torch.zeros(h, h)), 1)
+    for name in [k for k in t if k.startswith(p + "mlp.") and k.endswith("down_proj.weight")]:
+        t[name] = torch.zeros_like(t[name])
+    rng = random.Random(f"{seed}/mtp-answer")
+    full = cfg["index_topk"]
+    ids = [rng.randrange(*PROMPT_ID_RANGE) for _ in range(2 * full + 1)]
+    ids = [x if x != needle_id else x + 1 for x in ids]
+    without = list(ids)
+    ids[PERTURB_POSITION] = needle_id
+    with torch.no_grad():
+        h_with, h_without = mtp_inputs(cfg, t, ids), mtp_inputs(cfg, t, without)
+        a = p + "self_attn."
+        z_with = attention(cfg, t, a, _rms(h_with), o_proj=False)[full:]
+        z_without = attention(cfg, t, a, _rms(h_without), o_proj=False)[full:]
+        z = (z_with - z_without).mean(0)
+        z_hat = z / z.norm()
+        level = float((z_with @ z_hat).mean())
+        row = t[p + "shared_head.head.weight"][answer]
+        r_hat = row / row.norm()
+        base, amount = h_with[full:], (z_with @ z_hat)[:, None] / level
+
+        def answer_logit(scale: float) -> float:
+            return float((_rms(base + scale * amount * r_hat) @ row).mean())
+
+        lo, hi = 0.0, float(h)
+        if answer_logit(hi) < goal:
+            raise SystemExit(
+                f"mtp_answer_logit {goal} is out of reach (at most {answer_logit(hi):.1f})"
+            )
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if answer_logit(mid) < goal else (lo, mid)
+        scale = (lo + hi) / 2
+        t[p + "self_attn.o_proj.weight"] = (scale / level) * torch.outer(r_hat, z_hat)
+        drafts_with = mtp_draft_logits(cfg, t, ids)[full:]
+        drafts_without = mtp_draft_logits(cfg, t, without)[full:]
+    return {
+        "mtp_answer_id": answer,
+        "mtp_scale": scale,
+        "mtp_calibration_level": level,
+        "mtp_calibration_answer_logit": answer_logit(scale),
+        "mtp_calibration_drafts_answer_with": float(
+            (drafts_with.argmax(-1) == answer).float().mean()
+        ),
+        "mtp_calibration_drafts_answer_without": float(
+            (drafts_without.argmax(-1) == answer).float().mean()
+        ),
     }
 
 
@@ -472,8 +587,11 @@ def make_tensors(
             if k not in knobs:
                 raise SystemExit(f"unknown needle knob {k!r}; valid: {', '.join(knobs)}")
             knobs[k] = float(val)
-        needle = add_needle(tensors, cfg, args.seed, args.needle, knobs)
+        # an MTP layer that drafts the answer retrieves the needle like the target's layers
+        mtp = (f"model.layers.{cfg['num_hidden_layers']}",) if knobs["mtp_answer_logit"] > 0 else ()
+        needle = add_needle(tensors, cfg, args.seed, args.needle, knobs, extra_layers=mtp)
         needle |= add_answer(tensors, cfg, args.seed, args.needle, knobs)
+        needle |= add_mtp_answer(tensors, cfg, args.seed, args.needle, knobs)
     return cfg, gains, tensors, needle
 
 

@@ -543,7 +543,9 @@ def test_every_named_suite_is_valid_and_the_lease_runs_warmups_first():
     assert order.index("glmn-tp4-dcp2") < order.index("p-glmn-tp2-dcp2")
     assert order.index("p-glmn-tp2-dcp2-mtp5") < order.index("glmn-tp4-dcp2-graphs")
     kinds = {dcp_gate.gate_spec(s)[2] for s in lease["gates"].values()}
-    assert kinds == set(verdict.GATE_KINDS)
+    assert kinds == set(verdict.GATE_KINDS) - {"accept"}  # accept came after that lease
+    every = {dcp_gate.gate_spec(g)[2] for s in plans.SUITES.values() for g in s["gates"].values()}
+    assert every == set(verdict.GATE_KINDS)
 
 
 def _runs(cfg_extra: dict | None = None, **passes: dict) -> dict:
@@ -618,6 +620,39 @@ def test_a_wire_within_the_bf16_tolerance_is_judged_there():
     assert not res["equivalent"] and res["wire"]["judged_at"] == "wire tolerance"
     assert res["negative_control_detected"] and not res["meaningful"]
     assert _gate(ref, lossy, "wire", move=0.1)["meaningful"]  # 6.25x the wire tolerance
+
+
+def _spec(run: dict, **passes: tuple[int, int]) -> dict:
+    """The run with spec-decode counters (draft tokens, accepted tokens) per pass."""
+    run["spec"] = {
+        name: {
+            "metrics": {
+                "vllm:spec_decode_num_draft_tokens": drafted,
+                "vllm:spec_decode_num_accepted_tokens": accepted,
+            }
+        }
+        for name, (drafted, accepted) in passes.items()
+    }
+    return run
+
+
+def test_acceptance_gate_needs_the_same_acceptance_and_a_draft_that_is_accepted():
+    """An acceptance gate (DCP > 1 against DCP = 1, the same speculative configuration) is
+    equivalent only with every token exact and exactly the reference's accepted drafts, and
+    meaningful only where the reference accepts at least half of its drafts."""
+    fault = {"single/8": shifted(REF, 0.5)}
+    ref = _spec(_runs(), clean=(64, 60))
+    res = _gate(ref, _spec(_runs(fault=fault), clean=(64, 60), fault=(64, 3)), "accept")
+    assert res["equivalent"] and res["meaningful"] and res["accept"]["acceptance_equal"]
+    assert res["accept"]["reference"]["rate"] == pytest.approx(60 / 64)
+    assert res["accept"]["candidate_fault"]["accepted_tokens"] == 3
+    lost = _gate(ref, _spec(_runs(fault=fault), clean=(64, 41)), "accept")
+    assert not lost["equivalent"] and not lost["accept"]["acceptance_equal"]
+    unrecorded = _gate(ref, _runs(fault=fault), "accept")
+    assert not unrecorded["equivalent"] and unrecorded["accept"]["candidate"] is None
+    never = _spec(_runs(), clean=(64, 0))
+    res = _gate(never, _spec(_runs(fault=fault), clean=(64, 0)), "accept")
+    assert res["equivalent"] and res["negative_control_detected"] and not res["meaningful"]
 
 
 def test_a_light_candidate_is_compared_on_what_it_served_and_must_serve_it_all():

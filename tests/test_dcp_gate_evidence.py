@@ -218,13 +218,14 @@ def test_the_rest_queue_puts_mtp_before_the_v32_graph_rows_and_dcp4() -> None:
     assert sorted(order) == sorted(r["name"] for r in without)
 
 
-def test_the_dcp4_queue_holds_every_reference_and_puts_the_series_first() -> None:
-    """lease-dcp4 (the DCP = 4 rows after the 2026-12-02 lease) runs every run its gates and
-    noise pairs compare, the series' TP = 4 DCP = 4 run before V3.2's, and each of its runs
-    at DCP = 4 has a fault pass (a gate without one is never meaningful)."""
+def test_the_open_queue_holds_every_reference_and_puts_accepted_drafts_first() -> None:
+    """lease-open (what issue 12 lacks after the 2026-12-02 lease) runs every run its gates
+    and noise pairs compare, the accepted-draft MTP rows before the DCP = 4 rows and the
+    series' TP = 4 DCP = 4 run before V3.2's, and each of its DCP > 1 runs has a fault pass
+    (a gate without one is never meaningful)."""
     from gate import plans
 
-    q = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_DCP4])
+    q = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_OPEN])
     names = [r["name"] for r in q["runs"]]
     for gate, spec in q["gates"].items():
         pair = [spec["ref"], spec["cand"]] if isinstance(spec, dict) else spec
@@ -232,5 +233,8 @@ def test_the_dcp4_queue_holds_every_reference_and_puts_the_series_first() -> Non
     for label, pair in q["noise"].items():
         assert set(pair[1:3]) <= set(names), label
     assert names.index("p-glmn-tp4-dcp4") < names.index("v32n-tp4-dcp4")
-    assert all("fault" in r["passes"] for r in q["runs"] if r["dcp"] == 4)
+    assert names.index("p-glmnm-tp2-dcp2-mtp2") < names.index("p-glmn-tp4-dcp4")
+    assert all("fault" in r["passes"] for r in q["runs"] if r["dcp"] > 1)
     assert "v32n-tp4-dcp4-eager" in q["gates"]
+    kinds = {spec.get("kind", "dcp") for spec in q["gates"].values() if isinstance(spec, dict)}
+    assert {"spec", "accept"} <= kinds

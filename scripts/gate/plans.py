@@ -173,9 +173,15 @@ PATCHED_NOISE = "glmn/patched"
 
 
 def _p(
-    name: str, tp: int, dcp: int, passes: list[str], extra: dict | None = None, **kw: Any
+    name: str,
+    tp: int,
+    dcp: int,
+    passes: list[str],
+    extra: dict | None = None,
+    ckpt: str = "glmn",
+    **kw: Any,
 ) -> dict[str, Any]:
-    run = _run(name, "glmn", tp, dcp, passes, **{**TRITON, **kw})
+    run = _run(name, ckpt, tp, dcp, passes, **{**TRITON, **kw})
     run["variant"] = "patched"
     run["env"] = {**PATCHED_ENV, **run.get("env", {})}
     if extra:
@@ -549,6 +555,58 @@ LEASE_REST = [
 ]
 
 
+# MTP with accepted drafts. Every MTP gate before 2026-12-02 had 0 accepted drafts (the
+# needle checkpoint's MTP layer is random), so the draft model's own attention under DCP was
+# never exercised. glmnm is glmn (the same target tensors) with an MTP layer that retrieves
+# the needle through its own attention and then drafts the answer, which the target writes at
+# every step (make_dsa_gate_ckpt.add_mtp_answer): its drafts are accepted exactly when the
+# draft's attention over its DCP-sharded cache is right. Gates: speculative == not at DCP = 2
+# (spec) and DCP = 2 == DCP = 1 with the same depth, acceptance included (accept).
+MTP_ACCEPT_CKPT = ["--arch", "glm", *NEEDLE_ARGS, "--needle-knob", "mtp_answer_logit=14"]
+MTP_ACCEPT_NOISE = "glmnm/patched"
+
+
+def _mtp_accept_suite(depths: tuple) -> dict[str, Any]:
+    def p(name: str, tp: int, dcp: int, passes: list[str], extra=None, **kw) -> dict[str, Any]:
+        return _p(name, tp, dcp, passes, extra, ckpt="glmnm", **{**LIGHT, **kw})
+
+    runs = [
+        p("p-glmnm-tp1-dcp1", 1, 1, ["clean", "repeat", "sensitivity"], warmup=True),
+        p("p-glmnm-tp2-dcp1", 2, 1, ["clean", "repeat"], warmup=True),
+        p("p-glmnm-tp2-dcp2", 2, 2, ["clean", "repeat", "fault"]),
+    ]
+    gates: dict[str, Any] = {}
+    for k in depths:
+        spec = {"speculative_config": _mtp(k)}
+        one, two = f"p-glmnm-tp2-dcp1-mtp{k}", f"p-glmnm-tp2-dcp2-mtp{k}"
+        runs += [p(two, 2, 2, ["clean", "fault"], spec), p(one, 2, 1, ["clean"], spec)]
+        gates[f"{two}-vs-nospec"] = {
+            "ref": "p-glmnm-tp2-dcp2",
+            "cand": two,
+            "kind": "spec",
+            "noise": MTP_ACCEPT_NOISE,
+        }
+        gates[f"{two}-accept"] = {
+            "ref": one,
+            "cand": two,
+            "kind": "accept",
+            "noise": MTP_ACCEPT_NOISE,
+        }
+    noise = {
+        f"{MTP_ACCEPT_NOISE}: {label}": [MTP_ACCEPT_NOISE, *pair]
+        for label, pair in {
+            "TP=2 DCP=1 vs TP=1": ["p-glmnm-tp1-dcp1", "p-glmnm-tp2-dcp1", "clean", "clean"],
+            "TP=1 repeated": ["p-glmnm-tp1-dcp1", "p-glmnm-tp1-dcp1", "clean", "repeat"],
+            "TP=2 repeated": ["p-glmnm-tp2-dcp1", "p-glmnm-tp2-dcp1", "clean", "repeat"],
+            "TP=2 DCP=2 repeated": ["p-glmnm-tp2-dcp2", "p-glmnm-tp2-dcp2", "clean", "repeat"],
+        }.items()
+    }
+    return {"checkpoints": {"glmnm": MTP_ACCEPT_CKPT}, "runs": runs, "noise": noise, "gates": gates}
+
+
+SUITES["patched-mtp-accept"] = _mtp_accept_suite((2, "adaptive", 4))
+
+
 # DeepSeek-V3.2 at DCP = 4 (TP = 4: 8 local heads, 32 gathered), stock FlashMLA-sparse, eager:
 # the issue-12 matrix's DCP = 4 row for the V3.2 geometry (its A2A-free AG+RS combine).
 NEEDLE_V32_TP4: dict[str, Any] = {
@@ -571,9 +629,10 @@ NEEDLE_V32_TP4: dict[str, Any] = {
     "gates": {"v32n-tp4-dcp4-eager": ["v32n-tp4-dcp1", "v32n-tp4-dcp4"]},
 }
 SUITES["needle-v32-tp4"] = NEEDLE_V32_TP4
-# After the 2026-12-02 01:20Z lease: the DCP = 4 rows, the series' first (its TP = 4 DCP = 4
-# run served a clean pass before the deadline cut it), then V3.2 at DCP = 4.
-LEASE_DCP4 = ["patched-dcp4", "patched-dcp4-extras", "needle-v32-tp4"]
+# After the 2026-12-02 01:20Z lease, what issue 12 still lacks: MTP with accepted drafts,
+# the DCP = 4 rows of the series (its TP = 4 DCP = 4 run served a clean pass before the
+# deadline cut it), then V3.2 at DCP = 4.
+LEASE_OPEN = ["patched-mtp-accept", "patched-dcp4", "patched-dcp4-extras", "needle-v32-tp4"]
 
 
 def merge_suites(suites: list[dict[str, Any]]) -> dict[str, Any]:

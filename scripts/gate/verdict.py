@@ -323,7 +323,7 @@ def negative_control(ref: dict[str, Any], cand: dict[str, Any], atol: float) -> 
     }
 
 
-GATE_KINDS = ("dcp", "dcp_pair", "wire", "spec")
+GATE_KINDS = ("dcp", "dcp_pair", "wire", "spec", "accept")
 GATE_KIND_NOTES = {
     "dcp": "DCP > 1 against DCP = 1 at the same TP (the issue's gate)",
     "dcp_pair": "one DCP > 1 run against another at the same TP and DCP (e.g. packed-CKV "
@@ -332,7 +332,12 @@ GATE_KIND_NOTES = {
     "under the bf16 tolerance (equivalent) and, separately, under the stated wire tolerance",
     "spec": "speculative (MTP) greedy decoding against non-speculative greedy decoding of the "
     "same configuration: every token exact, log-probs within the tolerance",
+    "accept": "the same speculative configuration at DCP > 1 against DCP = 1: every token "
+    "exact, log-probs within the tolerance, and the draft accepted exactly as often (the "
+    "draft model's own attention over its DCP-sharded cache shows only in acceptance)",
 }
+# An acceptance gate means something only where the reference accepts drafts at all.
+ACCEPT_MIN_RATE = 0.5
 # The fp8 wire's tolerance: a stated choice over the measured noise floor, never the bf16 one.
 WIRE_TOLERANCE_FACTOR = 16.0
 WIRE_TOLERANCE_RULE = (
@@ -351,7 +356,21 @@ NEGATIVE_CONTROL_NOTES = {
     "wire tolerance (a fault that the wider tolerance hides is not detected)",
     "spec": "the speculative run's fault pass (one DCP rank's partial dropped in the target and "
     "the draft model) against the non-speculative reference's clean pass",
+    "accept": "the DCP > 1 run's fault pass (one DCP rank's partial dropped in the target and "
+    "the draft model) against the DCP = 1 run's clean pass; its acceptance is reported beside",
 }
+
+
+def acceptance(run: dict[str, Any], pass_name: str = "clean") -> dict[str, Any] | None:
+    """A speculative run's draft tokens and accepted tokens in one pass (vLLM's counters, as
+    the worker recorded their change over the pass); None when not recorded."""
+    metrics = ((run.get("spec") or {}).get(pass_name) or {}).get("metrics") or {}
+    drafted = metrics.get("vllm:spec_decode_num_draft_tokens")
+    accepted = metrics.get("vllm:spec_decode_num_accepted_tokens")
+    if not isinstance(drafted, (int, float)) or not isinstance(accepted, (int, float)):
+        return None
+    rate = accepted / drafted if drafted else None
+    return {"draft_tokens": int(drafted), "accepted_tokens": int(accepted), "rate": rate}
 
 
 def tokens_exact(ref_pass: dict[str, Any] | None, cand_pass: dict[str, Any] | None) -> dict:
@@ -464,6 +483,28 @@ def gate_result(
             "engine is token-exact run to run at all (None: not measured)",
         }
         equivalent = equivalent and exact["all_exact"]
+    if kind == "accept":
+        ref_acc, cand_acc = acceptance(ref), acceptance(cand)
+        exact = tokens_exact(finished_passes(ref).get("clean"), cand_clean)
+        same = (
+            ref_acc is not None
+            and cand_acc is not None
+            and ref_acc["draft_tokens"] > 0
+            and (ref_acc["draft_tokens"], ref_acc["accepted_tokens"])
+            == (cand_acc["draft_tokens"], cand_acc["accepted_tokens"])
+        )
+        extra["accept"] = {
+            "reference": ref_acc,
+            "candidate": cand_acc,
+            "candidate_fault": acceptance(cand, "fault"),
+            "acceptance_equal": same,
+            "tokens_exact": exact,
+            "reference_rate_min": ACCEPT_MIN_RATE,
+            "speculative_config": (cand.get("config", {}).get("engine_extra") or {}).get(
+                "speculative_config"
+            ),
+        }
+        equivalent = equivalent and exact["all_exact"] and same
     neg = negative_control(ref, cand, neg_atol)
     neg["applies"] = NEGATIVE_CONTROL_NOTES[kind]
     neg["atol_logprob"] = neg_atol
@@ -473,6 +514,9 @@ def gate_result(
     if kind == "wire" and not equivalent:
         over = extra["wire"]["sensitivity_over_wire_tolerance"]
         sufficient = sufficient and over is not None and over >= SENSITIVITY_MARGIN
+    if kind == "accept":  # a draft that is never accepted exercises nothing
+        rate = (extra["accept"]["reference"] or {}).get("rate")
+        sufficient = sufficient and rate is not None and rate >= ACCEPT_MIN_RATE
     return {
         **extra,
         "schema_version": SCHEMA_VERSION,
