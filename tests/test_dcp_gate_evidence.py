@@ -236,5 +236,12 @@ def test_the_open_queue_holds_every_reference_and_puts_accepted_drafts_first() -
     assert names.index("p-glmnm-tp2-dcp2-mtp2") < names.index("p-glmn-tp4-dcp4")
     assert all("fault" in r["passes"] for r in q["runs"] if r["dcp"] > 1)
     assert "v32n-tp4-dcp4-eager" in q["gates"]
+    # every gate can measure its sensitivity (dcp_gate._best_sensitivity: a run of its
+    # checkpoint in the queue with a sensitivity pass)
+    runs = {r["name"]: r for r in q["runs"]}
+    for gate, spec in q["gates"].items():
+        ref = runs[spec["ref"] if isinstance(spec, dict) else spec[0]]
+        same = [r for r in q["runs"] if r["model"] == ref["model"]]
+        assert any("sensitivity" in r["passes"] for r in same), gate
     kinds = {spec.get("kind", "dcp") for spec in q["gates"].values() if isinstance(spec, dict)}
     assert {"spec", "accept"} <= kinds

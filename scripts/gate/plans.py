@@ -358,7 +358,8 @@ _V4 = _variant_rows(4, 4, ["torch"], [2], True)
 PATCHED_DCP4: dict[str, Any] = {
     "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
     "runs": [
-        _p("p-glmn-tp4-dcp1", 4, 1, ["clean", "repeat"], **LIGHT),
+        # its own sensitivity pass: a queue without the TP=1 reference still measures it
+        _p("p-glmn-tp4-dcp1", 4, 1, ["clean", "repeat", "sensitivity"], **LIGHT),
         _p("p-glmn-tp4-dcp4", 4, 4, ["clean", "fault"], LEDGER, **LIGHT),
         *[r for r in _V4["runs"] if "-merge-" not in r["name"] and "-mtp" not in r["name"]],
     ],
