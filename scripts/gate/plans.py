@@ -358,13 +358,18 @@ _V4 = _variant_rows(4, 4, ["torch"], [2], True)
 PATCHED_DCP4: dict[str, Any] = {
     "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
     "runs": [
-        # its own sensitivity pass: a queue without the TP=1 reference still measures it
+        # the TP=1 run (as in patched-matrix) for the TP=4 vs TP=1 noise pair
+        _p("p-glmn-tp1-dcp1", 1, 1, ["clean", "repeat", "sensitivity"], warmup=True),
+        # its own sensitivity pass: measured at the gates' TP as well
         _p("p-glmn-tp4-dcp1", 4, 1, ["clean", "repeat", "sensitivity"], **LIGHT),
         _p("p-glmn-tp4-dcp4", 4, 4, ["clean", "fault"], LEDGER, **LIGHT),
         *[r for r in _V4["runs"] if "-merge-" not in r["name"] and "-mtp" not in r["name"]],
     ],
     "noise": _patched_noise(
-        {"TP=4 repeated": ["p-glmn-tp4-dcp1", "p-glmn-tp4-dcp1", "clean", "repeat"]}
+        {
+            "TP=4 repeated": ["p-glmn-tp4-dcp1", "p-glmn-tp4-dcp1", "clean", "repeat"],
+            "TP=4 DCP=1 vs TP=1 (Triton)": ["p-glmn-tp1-dcp1", "p-glmn-tp4-dcp1", "clean", "clean"],
+        }
     ),
     "gates": {
         "p-glmn-tp4-dcp4-triton_mla_sparse_fp8_ds_mla": {
