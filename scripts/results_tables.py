@@ -504,7 +504,20 @@ def dcp_gate_section() -> list[str]:
         if kind == "spec":
             ran = d["dcp"]["candidate"].get("ok") and d["dcp"]["reference"].get("ok")
             exact = d["spec"]["tokens_exact"]["all_exact"] if ran else "not run"
-            kind += f" (tokens exact: {exact})"
+            counts = (((d["spec"].get("acceptance") or {}).get("clean") or {}).get("metrics")) or {}
+            drafted = counts.get("vllm:spec_decode_num_draft_tokens")
+            taken = f", accepted {counts.get('vllm:spec_decode_num_accepted_tokens')}/{drafted}"
+            kind += f" (tokens exact: {exact}{taken if drafted is not None else ''})"
+        if kind == "accept":
+            acc = d["accept"]
+
+            def _n(side: dict | None) -> str:
+                return f"{side['accepted_tokens']}/{side['draft_tokens']}" if side else "-"
+
+            kind += (
+                f" (accepted {_n(acc['candidate'])} vs {_n(acc['reference'])} at DCP=1, "
+                f"tokens exact: {acc['tokens_exact']['all_exact']})"
+            )
         rows.append(
             [
                 f"`{name}`" + ("" if kind == "dcp" else f" [{kind}]"),
