@@ -14,6 +14,11 @@
 # lease-logs.tgz); then it waits for the gates until the call's 600 s are nearly used.
 # `wait`: waits again (the gate daemon resumes itself if the previous call's end killed it)
 # and collects.
+# Settings (environment): DCP_GIT_REV (the revision the records name), GATE_SUITES,
+# BENCH_STAGES (default "kernel topk"), KERNEL_BUDGET_S, TREE_STAGE_S / TREE_FILE_S and
+# TREE_TESTS_FIRST (a grep -E pattern of test files to run first), CALL_S (this call's seconds).
+# The 2026-12-02 lease: DCP_GIT_REV=72de532 GATE_SUITES=lease-rest BENCH_STAGES=topk
+# TREE_TESTS_FIRST=test_dcp_topk_merge TREE_STAGE_S=600 ... first 1250; wait; CALL_S=385 ... wait.
 # A call carries at most 64 MiB: this tree (~10 MB) plus one staging part. ../shared/gpu's
 # stage-build.sh cuts 60 MiB parts, too large beside this tree; re-cut them to 48 MiB (32 parts,
 # 00..31, the last one small enough to travel with .gpu-overlay and .gpu-tests; 54 MiB parts
