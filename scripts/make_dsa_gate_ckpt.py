@@ -353,6 +353,23 @@ def add_needle(
     return {"needle_id": needle_id, **knobs}
 
 
+def _calibration_prompt(
+    seed: int, tag: str, length: int, needle_id: int
+) -> tuple[list[int], list[int]]:
+    """A seeded calibration prompt of the gates' prompt ids, with the needle where the gates put
+    it (``gate.plan.PERTURB_POSITION``) and without it: (with, without)."""
+    import random
+
+    from gate.plan import PERTURB_POSITION, PROMPT_ID_RANGE
+
+    rng = random.Random(f"{seed}/{tag}")
+    ids = [rng.randrange(*PROMPT_ID_RANGE) for _ in range(length)]
+    ids = [x if x != needle_id else x + 1 for x in ids]
+    without = list(ids)
+    ids[PERTURB_POSITION] = needle_id
+    return ids, without
+
+
 def add_answer(
     t: dict[str, Any], cfg: dict[str, Any], seed: int, needle_id: int, knobs: dict[str, float]
 ) -> dict[str, Any]:
@@ -372,21 +389,14 @@ def add_answer(
     moves the first step's log-probs by about 0.4-0.9 (3.5-4.5x the gates' tolerance,
     2026-12-01 18:20Z); with it, a rank whose partial drops the needle also loses the
     answer."""
-    import random
-
     import torch
-    from gate.plan import PERTURB_POSITION, PROMPT_ID_RANGE
     from gate_refmodel import final_hidden
 
     if knobs["answer_logit"] <= 0:
         return {}
     answer = int(knobs["answer_id"])
-    rng = random.Random(f"{seed}/answer")
     full = cfg["index_topk"]
-    ids = [rng.randrange(*PROMPT_ID_RANGE) for _ in range(2 * full)]
-    ids = [x if x != needle_id else x + 1 for x in ids]
-    without = list(ids)
-    ids[PERTURB_POSITION] = needle_id
+    ids, without = _calibration_prompt(seed, "answer", 2 * full, needle_id)
     with torch.no_grad():
         with_n = final_hidden(cfg, t, ids)[full:]
         without_n = final_hidden(cfg, t, without)[full:]
@@ -423,10 +433,7 @@ def add_mtp_answer(
     the calibration positions is ``mtp_answer_logit``. So a draft is the answer, the target's
     token, exactly when the MTP layer's attention over its own (DCP-sharded) cache finds the
     needle: a DCP fault in the draft path shows as lost acceptance."""
-    import random
-
     import torch
-    from gate.plan import PERTURB_POSITION, PROMPT_ID_RANGE
     from gate_refmodel import attention, mtp_draft_logits, mtp_inputs
 
     goal = knobs["mtp_answer_logit"]
@@ -438,12 +445,9 @@ def add_mtp_answer(
     t[p + "eh_proj.weight"] = torch.cat((torch.eye(h), torch.zeros(h, h)), 1)
     for name in [k for k in t if k.startswith(p + "mlp.") and k.endswith("down_proj.weight")]:
         t[name] = torch.zeros_like(t[name])
-    rng = random.Random(f"{seed}/mtp-answer")
     full = cfg["index_topk"]
-    ids = [rng.randrange(*PROMPT_ID_RANGE) for _ in range(2 * full + 1)]
-    ids = [x if x != needle_id else x + 1 for x in ids]
-    without = list(ids)
-    ids[PERTURB_POSITION] = needle_id
+    # one token more than the positions: the MTP layer's position p takes token p + 1
+    ids, without = _calibration_prompt(seed, "mtp-answer", 2 * full + 1, needle_id)
     with torch.no_grad():
         h_with, h_without = mtp_inputs(cfg, t, ids), mtp_inputs(cfg, t, without)
         a = p + "self_attn."

@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+from gate.verdict import acceptance  # noqa: E402  (the spec-decode counters, read once)
+
 RESULTS = REPO / "results"
 OUT = REPO / "design" / "results.md"
 # Schema-1 kernel benches still rendered (the tiling sweep of that base, run 2, is superseded
@@ -504,19 +507,16 @@ def dcp_gate_section() -> list[str]:
         if kind == "spec":
             ran = d["dcp"]["candidate"].get("ok") and d["dcp"]["reference"].get("ok")
             exact = d["spec"]["tokens_exact"]["all_exact"] if ran else "not run"
-            counts = (((d["spec"].get("acceptance") or {}).get("clean") or {}).get("metrics")) or {}
-            drafted = counts.get("vllm:spec_decode_num_draft_tokens")
-            taken = f", accepted {counts.get('vllm:spec_decode_num_accepted_tokens')}/{drafted}"
-            kind += f" (tokens exact: {exact}{taken if drafted is not None else ''})"
+            # the gate file keeps the speculative run's per-pass counters under spec.acceptance
+            taken = acceptance({"spec": d["spec"].get("acceptance")})
+            kind += f" (tokens exact: {exact}" + (
+                f", accepted {_accepted(taken)})" if taken else ")"
+            )
         if kind == "accept":
             acc = d["accept"]
-
-            def _n(side: dict | None) -> str:
-                return f"{side['accepted_tokens']}/{side['draft_tokens']}" if side else "-"
-
             kind += (
-                f" (accepted {_n(acc['candidate'])} vs {_n(acc['reference'])} at DCP=1, "
-                f"tokens exact: {acc['tokens_exact']['all_exact']})"
+                f" (accepted {_accepted(acc['candidate'])} vs {_accepted(acc['reference'])} at "
+                f"DCP=1, tokens exact: {acc['tokens_exact']['all_exact']})"
             )
         rows.append(
             [
@@ -569,6 +569,11 @@ def dcp_gate_section() -> list[str]:
         if d.get("kind") == "dcp_gate_decode_rates":
             out += decode_rates_table(name, d)
     return out
+
+
+def _accepted(counts: dict[str, Any] | None) -> str:
+    """verdict.acceptance's counts as accepted/drafted."""
+    return f"{counts['accepted_tokens']}/{counts['draft_tokens']}" if counts else "-"
 
 
 def decode_rates_table(name: str, d: dict[str, Any]) -> list[str]:

@@ -200,8 +200,8 @@ def _mtp(k: int | str) -> dict[str, Any]:
     return {"method": "mtp", "num_speculative_tokens": int(k)}
 
 
-def _patched_noise(pairs: dict[str, list[str]]) -> dict[str, list]:
-    return {f"{PATCHED_NOISE}: {label}": [PATCHED_NOISE, *v] for label, v in pairs.items()}
+def _patched_noise(pairs: dict[str, list[str]], group: str = PATCHED_NOISE) -> dict[str, list]:
+    return {f"{group}: {label}": [group, *v] for label, v in pairs.items()}
 
 
 PATCHED_MATRIX: dict[str, Any] = {
@@ -358,8 +358,8 @@ _V4 = _variant_rows(4, 4, ["torch"], [2], True)
 PATCHED_DCP4: dict[str, Any] = {
     "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
     "runs": [
-        # the TP=1 run (as in patched-matrix) for the TP=4 vs TP=1 noise pair
-        _p("p-glmn-tp1-dcp1", 1, 1, ["clean", "repeat", "sensitivity"], warmup=True),
+        # patched-matrix's TP=1 run, for the TP=4 vs TP=1 noise pair
+        next(r for r in PATCHED_MATRIX["runs"] if r["name"] == "p-glmn-tp1-dcp1"),
         # its own sensitivity pass: measured at the gates' TP as well
         _p("p-glmn-tp4-dcp1", 4, 1, ["clean", "repeat", "sensitivity"], **LIGHT),
         _p("p-glmn-tp4-dcp4", 4, 4, ["clean", "fault"], LEDGER, **LIGHT),
@@ -598,15 +598,15 @@ def _mtp_accept_suite(depths: tuple) -> dict[str, Any]:
             "kind": "accept",
             "noise": MTP_ACCEPT_NOISE,
         }
-    noise = {
-        f"{MTP_ACCEPT_NOISE}: {label}": [MTP_ACCEPT_NOISE, *pair]
-        for label, pair in {
+    noise = _patched_noise(
+        {
             "TP=2 DCP=1 vs TP=1": ["p-glmnm-tp1-dcp1", "p-glmnm-tp2-dcp1", "clean", "clean"],
             "TP=1 repeated": ["p-glmnm-tp1-dcp1", "p-glmnm-tp1-dcp1", "clean", "repeat"],
             "TP=2 repeated": ["p-glmnm-tp2-dcp1", "p-glmnm-tp2-dcp1", "clean", "repeat"],
             "TP=2 DCP=2 repeated": ["p-glmnm-tp2-dcp2", "p-glmnm-tp2-dcp2", "clean", "repeat"],
-        }.items()
-    }
+        },
+        MTP_ACCEPT_NOISE,
+    )
     return {"checkpoints": {"glmnm": MTP_ACCEPT_CKPT}, "runs": runs, "noise": noise, "gates": gates}
 
 

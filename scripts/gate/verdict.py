@@ -465,9 +465,10 @@ def gate_result(
             "sensitivity_over_wire_tolerance": _over(sens, wire_atol),
             "judged_at": "bf16 tolerance" if equivalent else "wire tolerance",
         }
-    if kind == "spec":
+    if kind in ("spec", "accept"):
         ref_done = finished_passes(ref)
         exact = tokens_exact(ref_done.get("clean"), cand_clean)
+    if kind == "spec":
         self_exact = None
         if ref_done.get("repeat") and ref_done.get("clean"):
             self_exact = tokens_exact(ref_done["clean"], ref_done["repeat"])["all_exact"]
@@ -485,7 +486,6 @@ def gate_result(
         equivalent = equivalent and exact["all_exact"]
     if kind == "accept":
         ref_acc, cand_acc = acceptance(ref), acceptance(cand)
-        exact = tokens_exact(finished_passes(ref).get("clean"), cand_clean)
         same = (
             ref_acc is not None
             and cand_acc is not None
