@@ -10,10 +10,11 @@ Exactness needs each rank's local top-k to use the same order on its own tokens 
 winner is always among its owner's local candidates). With any other local tie order the merged
 row still holds the global top-k's multiset of scores, only the ids among equal scores at the
 boundary may differ; and the ranks agree on the result whatever their local order, because the
-selection depends only on the multiset of gathered candidates. The Triton selector's two
-algorithms (``radix``: a radix select over the key's digits, the default; ``bisect``: bisection)
-write identical rows: the ids of the keys above the k-th key in candidate order, then the k-th
-key's copies that fit, then -1. The Triton kernels run under the Triton interpreter
+selection depends only on the multiset of gathered candidates. The Triton selector's
+algorithms (``radix``: a radix select over the key's digits, the default, its first pass over the
+score word's top bits or over the row's score range; ``bisect``: bisection) write identical rows:
+the valid ids of the k largest keys in candidate order (of a duplicated k-th key's copies, the
+first ones that fit), then -1. The Triton kernels run under the Triton interpreter
 (``TRITON_INTERPRET=1``), loaded from the patched tree by ``shipped_triton.load_shipped_triton``.
 """
 
@@ -39,15 +40,21 @@ def load_leaf(relpath: str):
     return load_shipped_triton(relpath)
 
 
-# The Triton selector's algorithms (and radix digit widths) that the Triton proofs run.
-ALGORITHMS = [("radix", 8), ("bisect", 8)]
-ALL_ALGORITHMS = [("radix", 8), ("radix", 4), ("bisect", 8)]
+# The Triton selector's algorithms (name, radix digit width, radix first pass) that the
+# Triton proofs run.
+ALGORITHMS = [("radix", 8, "bits"), ("radix", 8, "range"), ("bisect", 8, "bits")]
+ALL_ALGORITHMS = [*ALGORITHMS, ("radix", 4, "bits"), ("radix", 4, "range")]
+
+
+def algorithm_id(algorithm) -> str:
+    name, radix_bits, first_pass = algorithm
+    return name if name == "bisect" else f"{name}{radix_bits}-{first_pass}"
 
 
 def triton_select(merge, gathered, k, algorithm, out=None):
-    name, radix_bits = algorithm
+    name, radix_bits, first_pass = algorithm
     return merge.stable_topk_from_gathered_candidates_triton(
-        gathered, k, out=out, algorithm=name, radix_bits=radix_bits
+        gathered, k, out=out, algorithm=name, radix_bits=radix_bits, radix_first_pass=first_pass
     )
 
 
@@ -246,8 +253,8 @@ def cutedsl_key(bits: int, token: int) -> int:
 
 def triton_rows(gathered: torch.Tensor, k: int) -> list[list[int]]:
     """The rows the Triton selector must write, from the keys in Python ints: with T the k-th
-    largest key, the valid ids of keys above T in candidate order, then those of T's copies
-    (as many as fit), then -1."""
+    largest key, the valid ids of the keys above T and of T's first copies (as many as fit)
+    in candidate order, then -1."""
     rows = []
     for bits, ids in zip(
         gathered[..., 0].contiguous().view(torch.int32).tolist(),
@@ -257,14 +264,19 @@ def triton_rows(gathered: torch.Tensor, k: int) -> list[list[int]]:
         keys = [cutedsl_key(b & 0xFFFFFFFF, i) for b, i in zip(bits, ids, strict=True)]
         take = min(k, len(keys))
         kth = sorted(keys, reverse=True)[take - 1] if take else None
-        above = [i for i, key in zip(ids, keys, strict=True) if take and key > kth and i >= 0]
-        equal = [i for i, key in zip(ids, keys, strict=True) if take and key == kth and i >= 0]
-        row = above + equal[: take - len(above)]
+        copies_left = take - sum(1 for key in keys if take and key > kth)
+        row = []
+        for i, key in zip(ids, keys, strict=True):
+            if not take or key < kth or (key == kth and copies_left == 0):
+                continue
+            copies_left -= key == kth
+            if i >= 0:
+                row.append(i)
         rows.append(row + [-1] * (k - len(row)))
     return rows
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=lambda a: f"{a[0]}{a[1]}")
+@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=algorithm_id)
 @TRITON_SETTINGS
 @given(case=sharded_rows())
 def test_triton_merge_equals_topk_over_concatenated_scores(algorithm, case):
@@ -308,7 +320,7 @@ def raw_candidates(draw):
     return rows, candidates, k, bits, ids
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=lambda a: f"{a[0]}{a[1]}")
+@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=algorithm_id)
 @TRITON_SETTINGS
 @given(case=raw_candidates())
 def test_triton_select_equals_the_torch_reference_on_any_bits(algorithm, case):
@@ -339,7 +351,7 @@ def test_triton_select_equals_the_torch_reference_on_any_bits(algorithm, case):
         assert ref[r].tolist() == expected + [-1] * (k - len(expected))
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=lambda a: f"{a[0]}{a[1]}")
+@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=algorithm_id)
 @TRITON_SETTINGS
 @given(case=sharded_rows(), data=st.data())
 def test_triton_merge_depends_only_on_the_candidate_multiset(algorithm, case, data):
@@ -355,7 +367,7 @@ def test_triton_merge_depends_only_on_the_candidate_multiset(algorithm, case, da
     assert torch.equal(a.sort(dim=1).values, b.sort(dim=1).values)
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=lambda a: f"{a[0]}{a[1]}")
+@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=algorithm_id)
 def test_triton_select_writes_a_strided_view_and_rejects_oversized_rows(algorithm):
     """The selector writes into a column slice of a wider buffer (the indexer's top-k buffer)
     without touching the other columns, and refuses rows beyond its register budget."""
@@ -433,10 +445,10 @@ NEG_NAN, POS_NAN, POS_INF, NEG_INF = 0xFFFFFFFF, 0x7FC00000, 0x7F800000, 0xFF800
 # (name, score bits, ids, k, the row every algorithm must write)
 EDGE_CASES = [
     # One score: the id word decides, smaller id first; ids differ in every byte.
-    ("one_score", [F_ONE] * 6, [65536, 256, 1, 65537, 257, 0], 4, [256, 1, 0, 257]),
+    ("one_score", [F_ONE] * 6, [65536, 256, 1, 65537, 257, 0], 4, [256, 1, 257, 0]),
     ("one_score_k1", [F_ONE] * 6, [65536, 256, 1, 65537, 257, 0], 1, [0]),
     # +0.0 ranks above -0.0.
-    ("signed_zeros", [0x80000000, 0, 0x80000000, 0], [0, 1, 2, 3], 3, [1, 3, 0]),
+    ("signed_zeros", [0x80000000, 0, 0x80000000, 0], [0, 1, 2, 3], 3, [0, 1, 3]),
     # +NaN > +inf > ... > -inf > -NaN(0xFFFFFFFF) > padding (same high word as -NaN).
     (
         "nan_inf_padding",
@@ -450,27 +462,37 @@ EDGE_CASES = [
         [NEG_NAN, 0, NEG_INF, POS_NAN, POS_INF, NEG_NAN],
         [4, -1, 3, 1, 2, -1],
         3,
-        [1, 2, 3],
+        [3, 1, 2],
     ),
     ("neg_nan_above_padding", [NEG_NAN, NEG_NAN, 0], [-1, 9, -1], 1, [9]),
     ("padding_only", [F_ONE, F_TWO, 0], [-1, -1, -1], 2, [-1, -1]),
-    ("k_above_candidates", [F_ONE, F_THREE, F_TWO], [5, 6, 7], 5, [6, 7, 5, -1, -1]),
-    # A (score, id) pair offered three times straddles the boundary: its copies come after
-    # the keys above it, as many as fit.
-    ("duplicate_at_boundary", [F_TWO, F_THREE, F_TWO, F_ONE, F_TWO], [7, 1, 7, 2, 7], 3, [1, 7, 7]),
+    ("k_above_candidates", [F_ONE, F_THREE, F_TWO], [5, 6, 7], 5, [5, 6, 7, -1, -1]),
+    # A (score, id) pair offered three times straddles the boundary: its first copies that
+    # fit are taken, in candidate order with the keys above it.
+    ("duplicate_at_boundary", [F_TWO, F_THREE, F_TWO, F_ONE, F_TWO], [7, 1, 7, 2, 7], 3, [7, 1, 7]),
     (
         "duplicate_all_fit",
         [F_TWO, F_THREE, F_TWO, F_ONE, F_TWO],
         [7, 1, 7, 2, 7],
         5,
-        [7, 1, 7, 7, 2],
+        [7, 1, 7, 2, 7],
     ),
-    # The k-th key is unique: it is written after the keys above it.
-    ("unique_kth_last", [F_ONE, F_TWO, F_THREE], [0, 1, 2], 2, [2, 1]),
+    # The k-th key is unique: it is written in candidate order with the keys above it.
+    ("unique_kth_in_order", [F_ONE, F_TWO, F_THREE], [0, 1, 2], 2, [1, 2]),
+    # Scores of one sign with a narrow spread, and a row spanning both signs (the range first
+    # pass's bins), where the k-th key sits inside one bin.
+    (
+        "narrow_range",
+        [0x3F800000, 0x3F800001, 0x3F800002, 0x3F800003, 0x3F800004],
+        [0, 1, 2, 3, 4],
+        2,
+        [3, 4],
+    ),
+    ("both_signs", [0xBF800000, 0x3F800000, 0x80000001, 0x00000001, 0x40000000], [0, 1, 2, 3, 4], 3, [1, 3, 4]),
 ]
 
 
-@pytest.mark.parametrize("algorithm", ALL_ALGORITHMS, ids=lambda a: f"{a[0]}{a[1]}")
+@pytest.mark.parametrize("algorithm", ALL_ALGORITHMS, ids=algorithm_id)
 @pytest.mark.parametrize(
     "name,bits,ids,k,expected", EDGE_CASES, ids=[case[0] for case in EDGE_CASES]
 )
@@ -487,7 +509,8 @@ def test_triton_select_edge_cases(algorithm, name, bits, ids, k, expected):
 @pytest.mark.parametrize("candidates,k", [(1024, 512), (1024, 1), (4096, 2048)])
 def test_radix_equals_bisect_on_a_decode_sized_row(candidates, k):
     """On decode-sized rows (DCP 2 x top-k 512, DCP 2 x top-k 2048) of random scores, some tied,
-    with padding, the radix select writes exactly the bisection's row and the documented row."""
+    with padding, the radix select (either first pass) writes exactly the bisection's row and
+    the documented row."""
     merge = load_leaf(TOPK_MERGE)
     gen = torch.Generator().manual_seed(candidates + k)
     gathered = torch.empty((1, candidates, 2))
@@ -495,16 +518,20 @@ def test_radix_equals_bisect_on_a_decode_sized_row(candidates, k):
     gathered[0, ::5, 0] = 0.25
     gathered[..., 1] = torch.randperm(candidates, generator=gen).float().view(1, -1)
     gathered[0, ::7, 1] = -1.0
-    radix = triton_select(merge, gathered, k, ("radix", 8))
-    assert torch.equal(radix, triton_select(merge, gathered, k, ("bisect", 8)))
+    radix = triton_select(merge, gathered, k, ("radix", 8, "bits"))
+    assert torch.equal(radix, triton_select(merge, gathered, k, ("bisect", 8, "bits")))
+    assert torch.equal(radix, triton_select(merge, gathered, k, ("radix", 8, "range")))
     assert radix.tolist() == triton_rows(gathered, k)
 
 
 def test_triton_select_switches_are_strict():
-    """An unknown algorithm or radix width is an error naming the valid choices."""
+    """An unknown algorithm, radix width or radix first pass is an error naming the valid
+    choices."""
     merge = load_leaf(TOPK_MERGE)
     gathered = torch.zeros((1, 4, 2))
     with pytest.raises(ValueError, match="'Radix'; valid choices are 'radix', 'bisect'"):
         merge.stable_topk_from_gathered_candidates_triton(gathered, 2, algorithm="Radix")
     with pytest.raises(ValueError, match="radix_bits 5; valid choices are 4, 8"):
         merge.stable_topk_from_gathered_candidates_triton(gathered, 2, radix_bits=5)
+    with pytest.raises(ValueError, match="'Range'; valid choices are 'bits', 'range'"):
+        merge.stable_topk_from_gathered_candidates_triton(gathered, 2, radix_first_pass="Range")

@@ -635,10 +635,26 @@ NEEDLE_V32_TP4: dict[str, Any] = {
     "gates": {"v32n-tp4-dcp4-eager": ["v32n-tp4-dcp1", "v32n-tp4-dcp4"]},
 }
 SUITES["needle-v32-tp4"] = NEEDLE_V32_TP4
+# The other MTP depths at DCP = 4 (patched-dcp4-extras has k = 2), each against the
+# non-speculative TP = 4 DCP = 4 run: the matrix asks for k = 1, 2, 4, 5 and the adaptive
+# ladder at DCP = 2 and 4.
+_V4_MTP = _variant_rows(4, 4, [], ["adaptive", 4, 5, 1], False)
+SUITES["patched-dcp4-mtp"] = {
+    "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
+    "runs": _V4_MTP["runs"],
+    "noise": {},
+    "gates": _V4_MTP["gates"],
+}
 # After the 2026-12-02 01:20Z lease, what issue 12 still lacks: MTP with accepted drafts,
 # the DCP = 4 rows of the series (its TP = 4 DCP = 4 run served a clean pass before the
-# deadline cut it), then V3.2 at DCP = 4.
-LEASE_OPEN = ["patched-mtp-accept", "patched-dcp4", "patched-dcp4-extras", "needle-v32-tp4"]
+# deadline cut it), then V3.2 at DCP = 4, then the other MTP depths at DCP = 4.
+LEASE_OPEN = [
+    "patched-mtp-accept",
+    "patched-dcp4",
+    "patched-dcp4-extras",
+    "needle-v32-tp4",
+    "patched-dcp4-mtp",
+]
 
 
 def merge_suites(suites: list[dict[str, Any]]) -> dict[str, Any]:
