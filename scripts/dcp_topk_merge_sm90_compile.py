@@ -1,0 +1,183 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Offline sm_90 compile of the DCP top-k merge's Triton kernels at every launch the launcher
+makes: registers, spills, shared memory.
+
+No GPU needed: Triton compiles the shipped leaf module (``--tree``: a patched vLLM tree) for
+sm_90 with its bundled ptxas, at the block sizes and warp counts
+``stable_topk_from_gathered_candidates_triton`` picks for 64 .. 16384 candidates (every
+algorithm, radix width and first pass) and the pack kernel. The Triton interpreter, which the
+proofs use, accepts code that the compiler refuses (a loop-carried value that changes type,
+2026-12-02: 126 CUDA test failures on the H200), so this is the CPU check that the kernels
+compile at all. Compile facts, not timings:
+
+    python scripts/dcp_topk_merge_sm90_compile.py --tree build/vllm [--out results/....json]
+
+Exit status 1 when any launch fails to compile (each failure is printed and recorded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+LEAF = "vllm/model_executor/kernels/attention/dsa/dcp_topk_merge.py"
+# Candidates per row the launcher is asked to select from: decode (top-k 512/2048 x DCP 2/4),
+# the smallest block, and the largest row it accepts.
+CANDIDATES = (64, 1024, 2048, 4096, 8192, 16384)
+TOPK = 2048
+
+
+def load_leaf(tree: Path) -> types.ModuleType:
+    """The shipped module with ``vllm.triton_utils`` mapped to the real Triton."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("unset TRITON_INTERPRET: the interpreter does not compile")
+    import triton
+    import triton.language as tl
+
+    utils = types.ModuleType("vllm.triton_utils")
+    utils.triton, utils.tl = triton, tl
+    pkg = types.ModuleType("vllm")
+    pkg.__path__ = []
+    sys.modules.setdefault("vllm", pkg)
+    sys.modules["vllm.triton_utils"] = utils
+    spec = importlib.util.spec_from_file_location("dcp_topk_merge_sm90", tree / LEAF)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def launches(leaf: types.ModuleType) -> list[dict]:
+    """Every (kernel, constexprs, num_warps) the launcher makes for CANDIDATES."""
+    import triton
+
+    out = [
+        dict(
+            kernel="_pack_dcp_topk_candidates_kernel",
+            consts={
+                "DCP_WORLD_SIZE": world,
+                "CP_INTERLEAVE": 1,
+                "HAS_ROW_STARTS": starts,
+                "BLOCK_SIZE": triton.next_power_of_2(TOPK),
+            },
+            num_warps=4,
+        )
+        for world in (2, 4)
+        for starts in (False, True)
+    ]
+    for c in CANDIDATES:
+        block_c = triton.next_power_of_2(c)
+        warps = max(4, min(16, block_c // 512))
+        block_k = triton.next_power_of_2(min(TOPK, c))
+        out.append(
+            dict(
+                kernel="_stable_topk_select_kernel",
+                consts={"BLOCK_C": block_c, "BLOCK_K": block_k},
+                num_warps=warps,
+                candidates=c,
+            )
+        )
+        for bits in leaf.RADIX_BITS_CHOICES:
+            for first in leaf.RADIX_FIRST_PASSES:
+                out.append(
+                    dict(
+                        kernel="_radix_topk_select_kernel",
+                        consts={
+                            "BLOCK_C": max(block_c, 32 * warps),
+                            "BLOCK_K": block_k,
+                            "RADIX_BITS": bits,
+                            "SCORE_RANGE": first == "range",
+                        },
+                        num_warps=warps,
+                        candidates=c,
+                    )
+                )
+    return out
+
+
+def compile_launch(leaf: types.ModuleType, launch: dict) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = getattr(leaf, launch["kernel"])
+    names = fn.arg_names
+    consts = launch["consts"]
+    ptrs = {
+        "gathered": "*fp32",
+        "out": "*i32",
+        "logits": "*fp32",
+        "topk_indices": "*i32",
+        "packed": "*fp32",
+        "row_starts": "*i32",
+    }
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in names}
+    src = ASTSource(fn, sig, {(names.index(k),): v for k, v in consts.items()})
+    compiled = triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=launch["num_warps"])
+    )
+    bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(compiled.asm["cubin"])
+    try:
+        res = subprocess.run(
+            [bindir / "cuobjdump", "-res-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    finally:
+        os.unlink(f.name)
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", res)
+    return dict(
+        registers=int(m.group(1)) if m else None,
+        stack_bytes=int(m.group(2)) if m else None,
+        shared_bytes=compiled.metadata.shared,
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tree", type=Path, required=True, help="patched vLLM tree")
+    ap.add_argument("--out", type=Path, help="write the compile facts as JSON")
+    args = ap.parse_args()
+    leaf = load_leaf(args.tree)
+    import triton
+
+    rows, failed = [], 0
+    for launch in launches(leaf):
+        row = {k: v for k, v in launch.items()}
+        try:
+            row.update(ok=True, **compile_launch(leaf, launch))
+        except Exception as exc:  # recorded and printed; the exit status says it
+            failed += 1
+            row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000])
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    if args.out:
+        args.out.write_text(
+            json.dumps(
+                {
+                    "kind": "dcp_topk_merge_sm90_compile",
+                    "command": " ".join(sys.argv),
+                    "triton": triton.__version__,
+                    "target": "cuda sm_90",
+                    "launches": rows,
+                    "failed": failed,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
+    print(f"{len(rows) - failed} of {len(rows)} launches compiled for sm_90")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
