@@ -639,7 +639,8 @@ def _spec(run: dict, **passes: tuple[int, int]) -> dict:
 def test_acceptance_gate_needs_the_same_acceptance_and_a_draft_that_is_accepted():
     """An acceptance gate (DCP > 1 against DCP = 1, the same speculative configuration) is
     equivalent only with every token exact and exactly the reference's accepted drafts, and
-    meaningful only where the reference accepts at least half of its drafts."""
+    meaningful only where the reference accepts drafts and the fault pass loses at least half
+    of that acceptance."""
     fault = {"single/8": shifted(REF, 0.5)}
     ref = _spec(_runs(), clean=(64, 60))
     res = _gate(ref, _spec(_runs(fault=fault), clean=(64, 60), fault=(64, 3)), "accept")
@@ -651,8 +652,25 @@ def test_acceptance_gate_needs_the_same_acceptance_and_a_draft_that_is_accepted(
     unrecorded = _gate(ref, _runs(fault=fault), "accept")
     assert not unrecorded["equivalent"] and unrecorded["accept"]["candidate"] is None
     never = _spec(_runs(), clean=(64, 0))
-    res = _gate(never, _spec(_runs(fault=fault), clean=(64, 0)), "accept")
+    res = _gate(never, _spec(_runs(fault=fault), clean=(64, 0), fault=(64, 0)), "accept")
     assert res["equivalent"] and res["negative_control_detected"] and not res["meaningful"]
+
+
+def test_acceptance_gate_is_meaningful_when_the_fault_takes_the_acceptance_away():
+    """The 2026-12-02 glmnm shape: 66 of 252 draft tokens accepted at DCP = 1 and DCP = 2, none
+    under the fault: meaningful (a low rate that the fault removes shows the draft's DCP
+    attention). The same rate kept under the fault, or no fault pass, is not."""
+    fault = {"single/8": shifted(REF, 0.5)}
+    ref = _spec(_runs(), clean=(252, 66))
+    res = _gate(ref, _spec(_runs(fault=fault), clean=(252, 66), fault=(372, 0)), "accept")
+    assert res["equivalent"] and res["meaningful"]
+    kept = _gate(ref, _spec(_runs(fault=fault), clean=(252, 66), fault=(252, 60)), "accept")
+    assert kept["equivalent"] and not kept["meaningful"]
+    unfaulted = _gate(ref, _spec(_runs(fault=fault), clean=(252, 66)), "accept")
+    assert not unfaulted["meaningful"]
+    few = _spec(_runs(), clean=(252, 8))
+    res = _gate(few, _spec(_runs(fault=fault), clean=(252, 8), fault=(252, 0)), "accept")
+    assert res["equivalent"] and not res["meaningful"]
 
 
 def test_a_light_candidate_is_compared_on_what_it_served_and_must_serve_it_all():
