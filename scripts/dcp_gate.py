@@ -566,7 +566,7 @@ def _best_sensitivity(runs: dict[str, Any], ckpt: str, atol: float, ref_name: st
 def resolve_suite(args: argparse.Namespace) -> dict[str, Any]:
     """--suite NAME (or a JSON file), or --suites A,B,C (``lease``: plans.LEASE,
     ``lease-next``: plans.LEASE_NEXT, ``lease-rest``: plans.LEASE_REST, ``lease-open``:
-    plans.LEASE_OPEN) as one queue."""
+    plans.LEASE_OPEN, ``lease-dcp4-rest``: plans.LEASE_DCP4_REST) as one queue."""
     names = getattr(args, "suites", None)
     if names:
         named = {
@@ -574,6 +574,7 @@ def resolve_suite(args: argparse.Namespace) -> dict[str, Any]:
             "lease-next": plans.LEASE_NEXT,
             "lease-rest": plans.LEASE_REST,
             "lease-open": plans.LEASE_OPEN,
+            "lease-dcp4-rest": plans.LEASE_DCP4_REST,
         }
         listed = named[names] if names in named else names.split(",")
         suites = []

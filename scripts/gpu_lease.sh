@@ -17,8 +17,11 @@
 # Settings (environment): DCP_GIT_REV (the revision the records name), GATE_SUITES,
 # BENCH_STAGES (default "kernel topk"), KERNEL_BUDGET_S, TREE_STAGE_S / TREE_FILE_S and
 # TREE_TESTS_FIRST (a grep -E pattern of test files to run first), CALL_S (this call's seconds).
-# The 2026-12-02 lease: DCP_GIT_REV=72de532 GATE_SUITES=lease-rest BENCH_STAGES=topk
-# TREE_TESTS_FIRST=test_dcp_topk_merge TREE_STAGE_S=600 ... first 1250; wait; CALL_S=385 ... wait.
+# The call that carries the last part runs `bash .gpu/device-recv.sh && ... first`: `first`
+# itself does not receive a part (alone it stops at the checksum of the missing one).
+# The 2026-12-02 leases: DCP_GIT_REV=72de532 GATE_SUITES=lease-rest BENCH_STAGES=topk
+# TREE_TESTS_FIRST=test_dcp_topk_merge TREE_STAGE_S=600 ... first 1250; wait; CALL_S=385 ... wait;
+# DCP_GIT_REV=ede0a4b GATE_SUITES=lease-open (same settings) ... first 1230; wait; CALL_S=370 wait.
 # A call carries at most 64 MiB: this tree (~10 MB) plus one staging part. ../shared/gpu's
 # stage-build.sh cuts 60 MiB parts, too large beside this tree; re-cut them to 48 MiB (32 parts,
 # 00..31, the last one small enough to travel with .gpu-overlay and .gpu-tests; 54 MiB parts

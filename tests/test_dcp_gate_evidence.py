@@ -245,3 +245,25 @@ def test_the_open_queue_holds_every_reference_and_puts_accepted_drafts_first() -
         assert any("sensitivity" in r["passes"] for r in same), gate
     kinds = {spec.get("kind", "dcp") for spec in q["gates"].values() if isinstance(spec, dict)}
     assert {"spec", "accept"} <= kinds
+
+
+def test_the_dcp4_rest_queue_holds_every_reference_and_runs_no_passed_row_again() -> None:
+    """lease-dcp4-rest (what the 04:03Z lease did not reach) runs every run its gates and noise
+    pairs compare, MTP k = 2 and the adaptive ladder at DCP = 4 before V3.2's DCP = 4 run,
+    every MTP depth at DCP = 4, a fault pass in every DCP > 1 run, and none of the route, wire
+    or merge runs that lease finished."""
+    from gate import plans
+
+    q = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_DCP4_REST])
+    names = [r["name"] for r in q["runs"]]
+    for gate, spec in q["gates"].items():
+        pair = [spec["ref"], spec["cand"]] if isinstance(spec, dict) else spec
+        assert set(pair) <= set(names), gate
+    for label, pair in q["noise"].items():
+        assert set(pair[1:3]) <= set(names), label
+    assert names.index("p-glmn-tp4-dcp4-mtpadaptive") < names.index("v32n-tp4-dcp4")
+    depths = {f"p-glmn-tp4-dcp4-mtp{k}" for k in (1, 2, 4, 5, "adaptive")}
+    assert depths <= set(names)
+    assert not any(n.endswith(("-ckv", "-fp8wire")) or "-merge-" in n for n in names)
+    assert all("fault" in r["passes"] for r in q["runs"] if r["dcp"] > 1)
+    assert "v32n-tp4-dcp4-eager" in q["gates"]

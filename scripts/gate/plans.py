@@ -638,7 +638,7 @@ SUITES["needle-v32-tp4"] = NEEDLE_V32_TP4
 # The other MTP depths at DCP = 4 (patched-dcp4-extras has k = 2), each against the
 # non-speculative TP = 4 DCP = 4 run: the matrix asks for k = 1, 2, 4, 5 and the adaptive
 # ladder at DCP = 2 and 4.
-_V4_MTP = _variant_rows(4, 4, [], ["adaptive", 4, 5, 1], False)
+_V4_MTP = _variant_rows(4, 4, [], [2, "adaptive", 4, 5, 1], False)
 SUITES["patched-dcp4-mtp"] = {
     "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
     "runs": _V4_MTP["runs"],
@@ -654,6 +654,36 @@ LEASE_OPEN = [
     "patched-dcp4-extras",
     "needle-v32-tp4",
     "patched-dcp4-mtp",
+]
+
+# After the 2026-12-02 04:03Z lease: what it did not reach. The series' DCP = 4 references
+# (TP = 1, TP = 4 DCP = 1 and the non-speculative TP = 4 DCP = 4 run, which the MTP gates
+# compare against) without the route, wire and merge runs that passed there, then MTP
+# k = 2 and the adaptive ladder at DCP = 4, V3.2 at TP = 4 DCP = 4, the other depths.
+SUITES["patched-dcp4-core"] = {
+    "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
+    "runs": [r for r in PATCHED_DCP4["runs"] if r["name"].endswith(("-dcp1", "-dcp4"))],
+    "noise": PATCHED_DCP4["noise"],
+    "gates": {
+        k: v for k, v in PATCHED_DCP4["gates"].items() if k.endswith("fp8_ds_mla")
+    },
+}
+SUITES["dcp4-rest-first"] = _first(
+    [
+        "p-glmn-tp4-dcp1",
+        "p-glmn-tp4-dcp4",
+        "p-glmn-tp4-dcp4-mtp2",
+        "p-glmn-tp4-dcp4-mtpadaptive",
+        "v32n-tp4-dcp1",
+        "v32n-tp4-dcp4",
+    ],
+    ["patched-dcp4-core", "patched-dcp4-mtp", "needle-v32-tp4"],
+)
+LEASE_DCP4_REST = [
+    "dcp4-rest-first",
+    "patched-dcp4-core",
+    "patched-dcp4-mtp",
+    "needle-v32-tp4",
 ]
 
 
