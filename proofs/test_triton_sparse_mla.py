@@ -672,3 +672,34 @@ def test_reserved_workspace_serves_fill_launches(tsm, seed, num_tokens, num_head
         expected = [tsm.split_workspace_specs(num_tokens, num_heads, plan.num_splits)]
         assert workspace.requests == (expected if plan.num_splits > 1 else [])
         assert torch.equal(o1, o2) and torch.equal(l1, l2)
+
+
+@pytest.mark.parametrize("layout", ["flat", "paged", "strided"])
+@pytest.mark.parametrize(("num_tokens", "num_heads"), [(1, 16), (9, 16), (2, 64), (9, 64)])
+def test_default_launch_picks_variants_only_on_a_contiguous_cache(
+    tsm, layout, num_tokens, num_heads
+):
+    """On a large-shared-memory GPU (stand-in device info) the default launch over a
+    contiguous cache (flat or paged) is the flat prefetch variant ``plan_sparse_mla`` names
+    for a contiguous cache, over a cache with padded blocks the base launch (flat addressing
+    would read the wrong offsets there); either way the outputs are the reference's."""
+    rng = np.random.default_rng(num_tokens * 100 + num_heads)
+    records = tsm.quantize_fp8_ds_mla(make_kv(rng, 96))
+    keys = ref_decode(records.numpy())
+    cache = cache_layout(records, 16, layout)
+    idx = rng.integers(-1, 96, size=(num_tokens, 128)).astype(np.int32)
+    q = torch.from_numpy(rng.standard_normal((num_tokens, num_heads, 576))).to(torch.bfloat16)
+    cpu = torch.device("cpu")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tsm, "_device_info", lambda device: (132, 227 * 1024))
+        plans = []
+        real = tsm.plan_sparse_mla
+        mp.setattr(
+            tsm, "plan_sparse_mla", lambda *a, **kw: plans.append(real(*a, **kw)) or plans[-1]
+        )
+        run_and_compare(tsm, q, cache, idx, None, 0.05, keys)
+        contiguous = layout != "strided"
+        assert plans == [real(num_tokens, num_heads, 128, cpu, contiguous=contiguous)]
+        picked = plans[0]
+        assert picked.flat_records == contiguous
+        assert (picked.prefetch or picked.prefetch_slots) == contiguous

@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -552,7 +553,11 @@ class Bench:
         calls = self.triton_calls(st, {})
         row["triton_default_graph_us"] = graph_us(calls, self.args.reps)
         row["triton_default_eager_us"] = eager_us(calls[0])
-        plan = self.kern.plan_sparse_mla(st["rows"], st["heads"], TOPK, DEVICE)
+        # The benchmark's cache (contiguous 64-token blocks) is what the launcher plans for;
+        # kernel files before the contiguous "auto" launches lack the argument.
+        plan_args = inspect.signature(self.kern.plan_sparse_mla).parameters
+        layout = {"contiguous": True} if "contiguous" in plan_args else {}
+        plan = self.kern.plan_sparse_mla(st["rows"], st["heads"], TOPK, DEVICE, **layout)
         row["default_plan"] = dict(plan.__dict__)
         row["triton_default_pct_hbm"] = (
             100 * st["call_bytes"] / (row["triton_default_graph_us"] * 1e-6) / HBM_BYTES_PER_S

@@ -18,15 +18,12 @@ Exit status 1 when any launch fails to compile (each failure is printed and reco
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
-import re
-import subprocess
 import sys
-import tempfile
 import types
 from pathlib import Path
+
+from sm90_compile import cuobjdump, load_leaf, resources
 
 LEAF = "vllm/model_executor/kernels/attention/dsa/dcp_topk_merge.py"
 # Candidates per row the launcher is asked to select from: decode (top-k 512/2048 x DCP 2/4),
@@ -35,25 +32,9 @@ CANDIDATES = (64, 1024, 2048, 4096, 8192, 16384)
 TOPK = 2048
 
 
-def load_leaf(tree: Path) -> types.ModuleType:
-    """The shipped module with ``vllm.triton_utils`` mapped to the real Triton."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        raise SystemExit("unset TRITON_INTERPRET: the interpreter does not compile")
-    import triton
-    import triton.language as tl
-
-    utils = types.ModuleType("vllm.triton_utils")
-    utils.triton, utils.tl = triton, tl
-    pkg = types.ModuleType("vllm")
-    pkg.__path__ = []
-    sys.modules.setdefault("vllm", pkg)
-    sys.modules["vllm.triton_utils"] = utils
-    spec = importlib.util.spec_from_file_location("dcp_topk_merge_sm90", tree / LEAF)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def load_merge(tree: Path) -> types.ModuleType:
+    """The shipped leaf module with ``vllm.triton_utils`` mapped to the real Triton."""
+    return load_leaf(tree / LEAF, "dcp_topk_merge_sm90")
 
 
 def launches(leaf: types.ModuleType) -> list[dict]:
@@ -125,21 +106,8 @@ def compile_launch(leaf: types.ModuleType, launch: dict) -> dict:
     compiled = triton.compile(
         src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=launch["num_warps"])
     )
-    bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(compiled.asm["cubin"])
-    try:
-        res = subprocess.run(
-            [bindir / "cuobjdump", "-res-usage", f.name], capture_output=True, text=True, check=True
-        ).stdout
-    finally:
-        os.unlink(f.name)
-    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", res)
-    return dict(
-        registers=int(m.group(1)) if m else None,
-        stack_bytes=int(m.group(2)) if m else None,
-        shared_bytes=compiled.metadata.shared,
-    )
+    (res,) = cuobjdump(compiled, "-res-usage")
+    return dict(**resources(res), shared_bytes=compiled.metadata.shared)
 
 
 def main() -> int:
@@ -147,7 +115,7 @@ def main() -> int:
     ap.add_argument("--tree", type=Path, required=True, help="patched vLLM tree")
     ap.add_argument("--out", type=Path, help="write the compile facts as JSON")
     args = ap.parse_args()
-    leaf = load_leaf(args.tree)
+    leaf = load_merge(args.tree)
     import triton
 
     rows, failed = [], 0

@@ -13,16 +13,15 @@ These are compile facts, not timings. Used for design/triton-sparse-mla.md:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import types
 from collections import Counter
 from pathlib import Path
+
+from sm90_compile import cuobjdump, load_leaf, resources
 
 # (block_h, block_n, num_warps, num_stages, flat_records, fold_scales, prefetch), prefetch
 # one of PREFETCH_MODES
@@ -68,21 +67,7 @@ OPS = (
 
 
 def load(path: Path) -> types.ModuleType:
-    import triton
-    import triton.language as tl
-
-    utils = types.ModuleType("vllm.triton_utils")
-    utils.triton, utils.tl = triton, tl
-    pkg = types.ModuleType("vllm")
-    pkg.__path__ = []
-    sys.modules.setdefault("vllm", pkg)
-    sys.modules["vllm.triton_utils"] = utils
-    spec = importlib.util.spec_from_file_location("triton_sparse_mla_stats", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_leaf(path, "triton_sparse_mla_stats")
 
 
 def compile_point(kern, point) -> dict:
@@ -133,19 +118,7 @@ def compile_point(kern, point) -> dict:
     compiled = triton.compile(
         src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages)
     )
-    bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(compiled.asm["cubin"])
-    try:
-        res = subprocess.run(
-            [bindir / "cuobjdump", "-res-usage", f.name], capture_output=True, text=True, check=True
-        ).stdout
-        sass = subprocess.run(
-            [bindir / "cuobjdump", "-sass", f.name], capture_output=True, text=True, check=True
-        ).stdout
-    finally:
-        os.unlink(f.name)
-    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", res)
+    res, sass = cuobjdump(compiled, "-res-usage", "-sass")
     return dict(
         block_h=bh,
         block_n=bn,
@@ -155,8 +128,7 @@ def compile_point(kern, point) -> dict:
         fold_scales=fold,
         prefetch=prefetch,
         bf16_dequant=bf16,
-        registers=int(m.group(1)) if m else None,
-        stack_bytes=int(m.group(2)) if m else None,
+        **resources(res),
         shared_bytes=compiled.metadata.shared,
         sass={op: len(re.findall(rf"\b{op}\b", sass)) for op in OPS},
         # global loads by width / kind (LDGSTS: cp.async into shared memory)

@@ -218,6 +218,18 @@ def test_the_rest_queue_puts_mtp_before_the_v32_graph_rows_and_dcp4() -> None:
     assert sorted(order) == sorted(r["name"] for r in without)
 
 
+def _runs_every_reference(q: dict) -> list[str]:
+    """The queue's run names, after checking that it runs both sides of every gate and of
+    every noise pair."""
+    names = [r["name"] for r in q["runs"]]
+    for gate, spec in q["gates"].items():
+        pair = [spec["ref"], spec["cand"]] if isinstance(spec, dict) else spec
+        assert set(pair) <= set(names), gate
+    for label, pair in q["noise"].items():
+        assert set(pair[1:3]) <= set(names), label
+    return names
+
+
 def test_the_open_queue_holds_every_reference_and_puts_accepted_drafts_first() -> None:
     """lease-open (what issue 12 lacks after the 2026-12-02 lease) runs every run its gates
     and noise pairs compare, the accepted-draft MTP rows before the DCP = 4 rows and the
@@ -226,12 +238,7 @@ def test_the_open_queue_holds_every_reference_and_puts_accepted_drafts_first() -
     from gate import plans
 
     q = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_OPEN])
-    names = [r["name"] for r in q["runs"]]
-    for gate, spec in q["gates"].items():
-        pair = [spec["ref"], spec["cand"]] if isinstance(spec, dict) else spec
-        assert set(pair) <= set(names), gate
-    for label, pair in q["noise"].items():
-        assert set(pair[1:3]) <= set(names), label
+    names = _runs_every_reference(q)
     assert names.index("p-glmn-tp4-dcp4") < names.index("v32n-tp4-dcp4")
     assert names.index("p-glmnm-tp2-dcp2-mtp2") < names.index("p-glmn-tp4-dcp4")
     assert all("fault" in r["passes"] for r in q["runs"] if r["dcp"] > 1)
@@ -255,12 +262,7 @@ def test_the_dcp4_rest_queue_holds_every_reference_and_runs_no_passed_row_again(
     from gate import plans
 
     q = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_DCP4_REST])
-    names = [r["name"] for r in q["runs"]]
-    for gate, spec in q["gates"].items():
-        pair = [spec["ref"], spec["cand"]] if isinstance(spec, dict) else spec
-        assert set(pair) <= set(names), gate
-    for label, pair in q["noise"].items():
-        assert set(pair[1:3]) <= set(names), label
+    names = _runs_every_reference(q)
     assert names.index("p-glmn-tp4-dcp4-mtpadaptive") < names.index("v32n-tp4-dcp4")
     depths = {f"p-glmn-tp4-dcp4-mtp{k}" for k in (1, 2, 4, 5, "adaptive")}
     assert depths <= set(names)

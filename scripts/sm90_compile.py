@@ -1,0 +1,65 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Offline sm_90 compiles of shipped Triton kernels (no GPU): load a vLLM leaf module with the
+real Triton behind ``vllm.triton_utils``, and read a compiled kernel's resources with Triton's
+bundled ``cuobjdump``. Used by sparse_mla_sm90_compile_stats.py and
+dcp_topk_merge_sm90_compile.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+
+def load_leaf(path: Path, name: str) -> types.ModuleType:
+    """The module at ``path`` (a vLLM leaf: torch + Triton through ``vllm.triton_utils``),
+    with ``vllm.triton_utils`` mapped to the real, compiling Triton."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("unset TRITON_INTERPRET: the interpreter does not compile")
+    import triton
+    import triton.language as tl
+
+    utils = types.ModuleType("vllm.triton_utils")
+    utils.triton, utils.tl = triton, tl
+    pkg = types.ModuleType("vllm")
+    pkg.__path__ = []
+    sys.modules.setdefault("vllm", pkg)
+    sys.modules["vllm.triton_utils"] = utils
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def cuobjdump(compiled, *flags: str) -> list[str]:
+    """``cuobjdump FLAG`` over a compiled kernel's cubin, one output per flag."""
+    import triton
+
+    bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(compiled.asm["cubin"])
+    try:
+        return [
+            subprocess.run(
+                [bindir / "cuobjdump", flag, f.name], capture_output=True, text=True, check=True
+            ).stdout
+            for flag in flags
+        ]
+    finally:
+        os.unlink(f.name)
+
+
+def resources(res_usage: str) -> dict[str, int | None]:
+    """Registers, stack (spill) bytes and static shared memory from ``-res-usage`` output."""
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", res_usage)
+    return dict(
+        registers=int(m.group(1)) if m else None,
+        stack_bytes=int(m.group(2)) if m else None,
+    )
