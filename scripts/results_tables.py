@@ -715,10 +715,48 @@ def merge_table(name: str, d: dict[str, Any]) -> list[str]:
     return out
 
 
+def merge_compile_table(name: str, d: dict[str, Any]) -> list[str]:
+    """scripts/dcp_topk_merge_sm90_compile.py: every launch of the Triton merge compiled for
+    sm_90 offline (no GPU): compile facts, not timings."""
+    rows = [
+        [
+            launch["kernel"].strip("_"),
+            launch.get("candidates", "-"),
+            ", ".join(f"{k}={v}" for k, v in launch["consts"].items()),
+            launch["num_warps"],
+            "yes" if launch["ok"] else "NO",
+            launch.get("registers", "-"),
+            launch.get("stack_bytes", "-"),
+            launch.get("shared_bytes", "-"),
+        ]
+        for launch in d["launches"]
+    ]
+    head = [
+        f"### `{name}`: offline {d['target']} compile, Triton {d['triton']} "
+        f"({len(rows) - d['failed']} of {len(rows)} launches compiled; no GPU, no timing)",
+        "",
+    ]
+    return head + table(
+        [
+            "kernel",
+            "candidates",
+            "constexprs",
+            "warps",
+            "compiled",
+            "registers",
+            "spill bytes",
+            "shared bytes",
+        ],
+        rows,
+    )
+
+
 def topk_section() -> list[str]:
     out: list[str] = []
     for name, d in load("dcp-topk-*.json"):
-        if d.get("schema_version", 1) >= 2 and "summary" in d:
+        if d.get("kind") == "dcp_topk_merge_sm90_compile":
+            out += merge_compile_table(name, d)
+        elif d.get("schema_version", 1) >= 2 and "summary" in d:
             out += merge_table(name, d)
         else:
             out += old_topk_table(name, d)
