@@ -664,9 +664,7 @@ SUITES["patched-dcp4-core"] = {
     "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
     "runs": [r for r in PATCHED_DCP4["runs"] if r["name"].endswith(("-dcp1", "-dcp4"))],
     "noise": PATCHED_DCP4["noise"],
-    "gates": {
-        k: v for k, v in PATCHED_DCP4["gates"].items() if k.endswith("fp8_ds_mla")
-    },
+    "gates": {k: v for k, v in PATCHED_DCP4["gates"].items() if k.endswith("fp8_ds_mla")},
 }
 SUITES["dcp4-rest-first"] = _first(
     [
