@@ -17,8 +17,9 @@
 # Settings (environment): DCP_GIT_REV (the revision the records name), GATE_SUITES,
 # BENCH_STAGES (default "kernel topk"), KERNEL_BUDGET_S, TREE_STAGE_S / TREE_FILE_S and
 # TREE_TESTS_FIRST (a grep -E pattern of test files to run first), CALL_S (this call's seconds).
-# The call that carries the last part runs `bash .gpu/device-recv.sh && ... first`: `first`
-# itself does not receive a part (alone it stops at the checksum of the missing one).
+# `first` receives the staging part its call carries (.gpu-parts/NN; until 2026-12-02 05:30Z it
+# did not, and a call carrying the last part had to run `bash .gpu/device-recv.sh && ...`).
+# `wait` calls need carry nothing: `first` keeps .gpu/device-env.sh under $LEASE_ROOT.
 # The 2026-12-02 leases: DCP_GIT_REV=72de532 GATE_SUITES=lease-rest BENCH_STAGES=topk
 # TREE_TESTS_FIRST=test_dcp_topk_merge TREE_STAGE_S=600 ... first 1250; wait; CALL_S=385 ... wait;
 # DCP_GIT_REV=ede0a4b GATE_SUITES=lease-open (same settings) ... first 1230; wait; CALL_S=370 wait.
@@ -112,8 +113,14 @@ gate_wait() {
 case "${1:?first|wait}" in
   first)
     deadline=${2:?GATE_DEADLINE_S}
+    # the last staging part, when this call carries it (.gpu-parts/NN)
+    if ls .gpu-parts/[0-9]*/chunk.* > /dev/null 2>&1; then
+      bash .gpu/device-recv.sh || { echo "receiving the carried part failed"; exit 1; }
+    fi
     bash .gpu/device-install.sh && bash .gpu/device-overlay.sh > "$RES/overlay.log" 2>&1 \
       || { echo "install/overlay failed"; tail "$RES/overlay.log"; exit 1; }
+    # later calls need not carry .gpu for the environment
+    cp .gpu/device-env.sh "$R/device-env.sh"
     mkdir -p "$GATE_OVERLAY" && cp .gpu-overlay/MANIFEST "$GATE_OVERLAY/" \
       && rm -rf "$R/gpu-tests" && cp -r .gpu-tests "$R/gpu-tests" \
       || { echo "carry .gpu-overlay and .gpu-tests in the first call"; exit 1; }
@@ -146,7 +153,7 @@ case "${1:?first|wait}" in
     tail -3 "$RES/tree-tests/tree-tests-h200.log" 2>/dev/null
     pack ;;
   wait)
-    source .gpu/device-env.sh
+    if [ -f .gpu/device-env.sh ]; then source .gpu/device-env.sh; else source "$R/device-env.sh"; fi
     # a previous call's end may have killed the daemon: start resumes it (the first start's
     # absolute deadline wins: start keeps the earlier of the two)
     python3 scripts/dcp_gate.py wait --work "$GATE" --seconds 1 > /dev/null 2>&1

@@ -51,6 +51,9 @@ def test_first_call_orders_benches_before_gates_and_returns_few_files(tmp_path: 
         (tree / ".gpu").mkdir(exist_ok=True)
         (tree / ".gpu" / f"{name}.sh").write_text("true\n")
     (tree / ".gpu" / "device-env.sh").write_text("true\n")
+    (tree / ".gpu" / "device-recv.sh").write_text('echo "device-recv $PWD" >> "$CALLS"\n')
+    (tree / ".gpu-parts" / "31").mkdir(parents=True)
+    (tree / ".gpu-parts" / "31" / "chunk.v03").write_text("part")
     (tree / ".gpu-tests").mkdir()
     (tree / ".gpu-tests" / "SERIES_TESTS").write_text("tests/x.py\n")
     (tree / ".gpu-overlay").mkdir()
@@ -80,6 +83,9 @@ def test_first_call_orders_benches_before_gates_and_returns_few_files(tmp_path: 
             break
         time.sleep(0.1)
     lines = calls.read_text().splitlines()
+    # the carried staging part is received first; the environment is kept for later calls
+    assert lines[0].startswith("device-recv ")
+    assert (tmp_path / "root" / "device-env.sh").is_file()
     order = [
         next(i for i, line in enumerate(lines) if key in line)
         for key in ("bench_sparse_mla_kernel", "bench_dcp_topk", "dcp_gate.py start", "-m pytest")
