@@ -101,8 +101,9 @@ PREFETCH_VARIANTS = ("flat_prefetch", "flat_prefetch_slots")
 # (the contiguous "auto" launch from 9 rows), then 32-record tiles with 3-4 stages at 64
 # heads (offline sm_90 compile, flat + prefetch_slots at (64, 32, 8, 3) / (64, 32, 8, 4):
 # 226 registers, no spills, 149 / 170 KiB of shared memory: deeper cp.async pipelining
-# than any 64-record tiling fits; not timed yet). (32, 64, 4, 2) left the list: never a row's best point in the 22:38Z run (at
-# most 1.05x FlashMLA, at 1 row, where (32, 64, 8, 2) gave 1.37x), and it spills 720 B.
+# than any 64-record tiling fits; not timed yet). (32, 64, 4, 2) left the list: never a
+# row's best point in the 22:38Z run (at most 1.05x FlashMLA, at 1 row, where (32, 64, 8, 2)
+# gave 1.37x), and it spills 720 B.
 # Split policies of the kernel (narrowed in main() for a kernel file without them).
 POLICIES: tuple[str, ...] = ("occupancy", "fill")
 TILINGS: dict[int, list[tuple[int, int, int, int]]] = {
