@@ -5,10 +5,10 @@ makes: registers, spills, shared memory.
 No GPU needed: Triton compiles the shipped leaf module (``--tree``: a patched vLLM tree) for
 sm_90 with its bundled ptxas, at the block sizes and warp counts
 ``stable_topk_from_gathered_candidates_triton`` picks for 64 .. 16384 candidates (every
-algorithm, radix width and first pass) and the pack kernel. The Triton interpreter, which the
-proofs use, accepts code that the compiler refuses (a loop-carried value that changes type,
-2026-12-02: 126 CUDA test failures on the H200), so this is the CPU check that the kernels
-compile at all. Compile facts, not timings:
+algorithm, radix width and first pass, sized by the leaf's ``select_launch_meta``) and the
+pack kernel. The Triton interpreter, which the proofs use, accepts code that the compiler
+refuses (a loop-carried value that changes type, 2026-12-02: 126 CUDA test failures on the
+H200), so this is the CPU check that the kernels compile at all. Compile facts, not timings:
 
     python scripts/dcp_topk_merge_sm90_compile.py --tree build/vllm [--out results/....json]
 
@@ -23,7 +23,7 @@ import sys
 import types
 from pathlib import Path
 
-from sm90_compile import cuobjdump, load_leaf, resources
+from sm90_compile import compile_sm90, cuobjdump, load_leaf, resources
 
 LEAF = "vllm/model_executor/kernels/attention/dsa/dcp_topk_merge.py"
 # Candidates per row the launcher is asked to select from: decode (top-k 512/2048 x DCP 2/4),
@@ -38,9 +38,8 @@ def load_merge(tree: Path) -> types.ModuleType:
 
 
 def launches(leaf: types.ModuleType) -> list[dict]:
-    """Every (kernel, constexprs, num_warps) the launcher makes for CANDIDATES."""
-    import triton
-
+    """Every (kernel, constexprs, num_warps) the launchers make for CANDIDATES, sized by the
+    leaf's own ``select_launch_meta`` and ``PACK_BLOCK_SIZE``."""
     out = [
         dict(
             kernel="_pack_dcp_topk_candidates_kernel",
@@ -48,7 +47,7 @@ def launches(leaf: types.ModuleType) -> list[dict]:
                 "DCP_WORLD_SIZE": world,
                 "CP_INTERLEAVE": 1,
                 "HAS_ROW_STARTS": starts,
-                "BLOCK_SIZE": triton.next_power_of_2(TOPK),
+                "BLOCK_SIZE": leaf.PACK_BLOCK_SIZE,
             },
             num_warps=4,
         )
@@ -56,43 +55,26 @@ def launches(leaf: types.ModuleType) -> list[dict]:
         for starts in (False, True)
     ]
     for c in CANDIDATES:
-        block_c = triton.next_power_of_2(c)
-        warps = max(4, min(16, block_c // 512))
-        block_k = triton.next_power_of_2(min(TOPK, c))
-        out.append(
-            dict(
-                kernel="_stable_topk_select_kernel",
-                consts={"BLOCK_C": block_c, "BLOCK_K": block_k},
-                num_warps=warps,
-                candidates=c,
+        variants = [("_stable_topk_select_kernel", "bisect", {})] + [
+            (
+                "_radix_topk_select_kernel",
+                "radix",
+                {"RADIX_BITS": bits, "SCORE_RANGE": first == "range"},
             )
-        )
-        for bits in leaf.RADIX_BITS_CHOICES:
-            for first in leaf.RADIX_FIRST_PASSES:
-                out.append(
-                    dict(
-                        kernel="_radix_topk_select_kernel",
-                        consts={
-                            "BLOCK_C": max(block_c, 32 * warps),
-                            "BLOCK_K": block_k,
-                            "RADIX_BITS": bits,
-                            "SCORE_RANGE": first == "range",
-                        },
-                        num_warps=warps,
-                        candidates=c,
-                    )
-                )
+            for bits in leaf.RADIX_BITS_CHOICES
+            for first in leaf.RADIX_FIRST_PASSES
+        ]
+        for kernel, algorithm, consts in variants:
+            meta = leaf.select_launch_meta(c, TOPK, algorithm)
+            warps = meta.pop("num_warps")
+            out.append(
+                dict(kernel=kernel, consts={**meta, **consts}, num_warps=warps, candidates=c)
+            )
     return out
 
 
 def compile_launch(leaf: types.ModuleType, launch: dict) -> dict:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     fn = getattr(leaf, launch["kernel"])
-    names = fn.arg_names
-    consts = launch["consts"]
     ptrs = {
         "gathered": "*fp32",
         "out": "*i32",
@@ -101,11 +83,9 @@ def compile_launch(leaf: types.ModuleType, launch: dict) -> dict:
         "packed": "*fp32",
         "row_starts": "*i32",
     }
-    sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in names}
-    src = ASTSource(fn, sig, {(names.index(k),): v for k, v in consts.items()})
-    compiled = triton.compile(
-        src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=launch["num_warps"])
-    )
+    consts = launch["consts"]
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in fn.arg_names}
+    compiled = compile_sm90(fn, sig, consts, num_warps=launch["num_warps"])
     (res,) = cuobjdump(compiled, "-res-usage")
     return dict(**resources(res), shared_bytes=compiled.metadata.shared)
 

@@ -38,6 +38,19 @@ def load_leaf(path: Path, name: str) -> types.ModuleType:
     return module
 
 
+def compile_sm90(fn, signature: dict, constexprs: dict, attrs: dict | None = None, **options):
+    """Triton's own compile of the jitted ``fn`` for sm_90 (``options``: num_warps,
+    num_stages), the named constexprs bound."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = fn.arg_names
+    bound = {(names.index(k),): v for k, v in constexprs.items()}
+    src = ASTSource(fn, signature, bound, attrs) if attrs else ASTSource(fn, signature, bound)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
 def cuobjdump(compiled, *flags: str) -> list[str]:
     """``cuobjdump FLAG`` over a compiled kernel's cubin, one output per flag."""
     import triton
@@ -57,7 +70,7 @@ def cuobjdump(compiled, *flags: str) -> list[str]:
 
 
 def resources(res_usage: str) -> dict[str, int | None]:
-    """Registers, stack (spill) bytes and static shared memory from ``-res-usage`` output."""
+    """Registers and stack (spill) bytes from ``-res-usage`` output."""
     m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", res_usage)
     return dict(
         registers=int(m.group(1)) if m else None,

@@ -21,7 +21,7 @@ import types
 from collections import Counter
 from pathlib import Path
 
-from sm90_compile import cuobjdump, load_leaf, resources
+from sm90_compile import compile_sm90, cuobjdump, load_leaf, resources
 
 # (block_h, block_n, num_warps, num_stages, flat_records, fold_scales, prefetch), prefetch
 # one of PREFETCH_MODES
@@ -71,10 +71,6 @@ def load(path: Path) -> types.ModuleType:
 
 
 def compile_point(kern, point) -> dict:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     bh, bn, warps, stages, flat, fold, prefetch, *rest = point
     bf16 = bool(rest and rest[0])
     fn = kern._sparse_mla_fp8_ds_mla_fwd_kernel
@@ -114,10 +110,7 @@ def compile_point(kern, point) -> dict:
         for i, n in enumerate(names)
         if n in ptrs or (sig[n] == "i32")
     }
-    src = ASTSource(fn, sig, {(names.index(k),): v for k, v in consts.items()}, attrs)
-    compiled = triton.compile(
-        src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages)
-    )
+    compiled = compile_sm90(fn, sig, consts, attrs, num_warps=warps, num_stages=stages)
     res, sass = cuobjdump(compiled, "-res-usage", "-sass")
     return dict(
         block_h=bh,
