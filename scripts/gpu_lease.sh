@@ -26,13 +26,14 @@
 # Next: GATE_SUITES=lease-dcp4-rest BENCH_STAGES="kernel topk" (the contiguous default launch of
 # the kernel and the merge's mask/range select have no GPU timing yet), TREE_TESTS_FIRST=
 # "test_dcp_topk_merge|test_triton_sparse_mla" (their CUDA tests first).
-# A call carries at most 64 MiB: this tree (~10 MB) plus one staging part. ../shared/gpu's
-# stage-build.sh cuts 60 MiB parts, too large beside this tree; re-cut them to 48 MiB (32 parts,
-# 00..31, the last one small enough to travel with .gpu-overlay and .gpu-tests; 54 MiB parts
-# left 0.6 MB to spare beside the 9.9 MB tree of 2026-12-01):
+# A call carries at most 64 MiB: this tree plus one staging part. ../shared/gpu's
+# stage-build.sh cuts 60 MiB parts, too large beside this tree; re-cut them to 45 MiB (34 parts,
+# 00..33, the last one small enough to travel with .gpu-overlay and .gpu-tests; 54 MiB parts
+# left 0.6 MB to spare beside the 9.9 MB tree of 2026-12-01, 48 MiB ones were 0.6 MiB too
+# large beside the 16.6 MiB tree of 2026-12-02 06:10Z):
 #     W=/tmp/resplit; mkdir -p $W; cat .gpu-parts/*/chunk.v* > $W/vllm.tar.gz
-#     cat .gpu-parts/*/chunk.d* > $W/deps.tar; (cd $W && split -b 48m -d -a 2 vllm.tar.gz chunk.v \
-#       && split -b 48m -d -a 2 deps.tar chunk.d); rm -rf .gpu-parts; i=0; for c in $W/chunk.*; do
+#     cat .gpu-parts/*/chunk.d* > $W/deps.tar; (cd $W && split -b 45m -d -a 2 vllm.tar.gz chunk.v \
+#       && split -b 45m -d -a 2 deps.tar chunk.d); rm -rf .gpu-parts; i=0; for c in $W/chunk.*; do
 #       d=$(printf .gpu-parts/%02d $i); mkdir -p $d; mv $c $d/; i=$((i+1)); done
 #     (cd .gpu-parts && sha256sum */chunk.* > SHA256SUMS) && cp .gpu-parts/SHA256SUMS .gpu/parts.sha256
 # Everything comes back in at most 8 files under $OUT: kernel.tar.gz and topk.tar.gz (bench
