@@ -566,7 +566,8 @@ def _best_sensitivity(runs: dict[str, Any], ckpt: str, atol: float, ref_name: st
 def resolve_suite(args: argparse.Namespace) -> dict[str, Any]:
     """--suite NAME (or a JSON file), or --suites A,B,C (``lease``: plans.LEASE,
     ``lease-next``: plans.LEASE_NEXT, ``lease-rest``: plans.LEASE_REST, ``lease-open``:
-    plans.LEASE_OPEN, ``lease-dcp4-rest``: plans.LEASE_DCP4_REST) as one queue."""
+    plans.LEASE_OPEN, ``lease-dcp4-rest``: plans.LEASE_DCP4_REST, ``lease-dcp4-final``:
+    plans.LEASE_DCP4_FINAL) as one queue."""
     names = getattr(args, "suites", None)
     if names:
         named = {
@@ -575,6 +576,7 @@ def resolve_suite(args: argparse.Namespace) -> dict[str, Any]:
             "lease-rest": plans.LEASE_REST,
             "lease-open": plans.LEASE_OPEN,
             "lease-dcp4-rest": plans.LEASE_DCP4_REST,
+            "lease-dcp4-final": plans.LEASE_DCP4_FINAL,
         }
         listed = named[names] if names in named else names.split(",")
         suites = []

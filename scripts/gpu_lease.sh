@@ -23,9 +23,10 @@
 # The 2026-12-02 leases: DCP_GIT_REV=72de532 GATE_SUITES=lease-rest BENCH_STAGES=topk
 # TREE_TESTS_FIRST=test_dcp_topk_merge TREE_STAGE_S=600 ... first 1250; wait; CALL_S=385 ... wait;
 # DCP_GIT_REV=ede0a4b GATE_SUITES=lease-open (same settings) ... first 1230; wait; CALL_S=370 wait.
-# Next: GATE_SUITES=lease-dcp4-rest BENCH_STAGES="kernel topk" (the contiguous default launch of
-# the kernel and the merge's mask/range select have no GPU timing yet), TREE_TESTS_FIRST=
-# "test_dcp_topk_merge|test_triton_sparse_mla" (their CUDA tests first).
+# DCP_GIT_REV=a98ee11 GATE_SUITES=lease-dcp4-rest BENCH_STAGES="kernel topk" TREE_TESTS_FIRST=
+# "test_dcp_topk_merge|test_triton_sparse_mla" TREE_STAGE_S=600 ... first 1350; wait; CALL_S=372
+# wait (34 staging calls before it). Next: GATE_SUITES=lease-dcp4-final (the rest of the
+# issue-12 matrix at DCP = 4, plans.LEASE_DCP4_FINAL).
 # A call carries at most 64 MiB: this tree plus one staging part. ../shared/gpu's
 # stage-build.sh cuts 60 MiB parts, too large beside this tree; re-cut them to 45 MiB (34 parts,
 # 00..33, the last one small enough to travel with .gpu-overlay and .gpu-tests; 54 MiB parts

@@ -269,3 +269,51 @@ def test_the_dcp4_rest_queue_holds_every_reference_and_runs_no_passed_row_again(
     assert not any(n.endswith(("-ckv", "-fp8wire")) or "-merge-" in n for n in names)
     assert all("fault" in r["passes"] for r in q["runs"] if r["dcp"] > 1)
     assert "v32n-tp4-dcp4-eager" in q["gates"]
+
+
+def test_the_dcp4_final_queue_holds_every_reference_and_puts_accepted_drafts_first() -> None:
+    """lease-dcp4-final (what issue 12 lacks after the 06:15Z lease) runs every run its gates
+    and noise pairs compare, the accepted-draft rows at DCP = 4 first, a fault pass in every
+    DCP > 1 run, no run whose gate is already meaningful in results/ (MTP k = 2 and the
+    adaptive ladder on glmn, the route, wire and torch merge at DCP = 4), and every remaining
+    DCP = 4 row of the matrix."""
+    from gate import plans
+
+    q = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_DCP4_FINAL])
+    names = _runs_every_reference(q)
+    after_warmup = [r["name"] for r in q["runs"] if not r.get("warmup")]
+    assert after_warmup[:4] == [
+        "p-glmnm-tp4-dcp1",
+        "p-glmnm-tp4-dcp4",
+        "p-glmnm-tp4-dcp4-mtp2",
+        "p-glmnm-tp4-dcp1-mtp2",
+    ]
+    assert all("fault" in r["passes"] for r in q["runs"] if r["dcp"] > 1)
+    done = ("-mtp2", "-mtpadaptive", "-ckv", "-fp8wire", "-merge-torch")
+    assert not any(n.startswith("p-glmn-tp4-dcp4") and n.endswith(done) for n in names)
+    assert {
+        "p-glmnm-tp4-dcp4-mtp2-accept",
+        "p-glmnm-tp4-dcp4-mtp2-vs-nospec",
+        "p-glmn-tp4-dcp4-graphs-triton_mla_sparse_fp8_ds_mla",
+        "p-glmn-tp4-dcp4-mtp1-vs-nospec",
+        "p-glmn-tp4-dcp4-mtp4-vs-nospec",
+        "p-glmn-tp4-dcp4-mtp5-vs-nospec",
+        "p-glmn-tp4-dcp4-merge-triton",
+        "p-glmn-tp4-dcp4-merge-cutedsl-vs-auto",
+        "p-glmn-tp4-dcp4-flash_attn_mla_sparse-bf16",
+        "v32n-tp4-dcp4-graphs",
+    } <= set(q["gates"])
+    runs = {r["name"]: r for r in q["runs"]}
+    for gate, spec in q["gates"].items():
+        ref = runs[spec["ref"] if isinstance(spec, dict) else spec[0]]
+        same = [r for r in q["runs"] if r["model"] == ref["model"]]
+        assert any("sensitivity" in r["passes"] for r in same), gate
+    # the DCP = 2 accept suite keeps its names (results/ holds its gates)
+    two = plans.SUITES["patched-mtp-accept"]
+    assert "p-glmnm-tp2-dcp2-mtp2-accept" in two["gates"]
+    assert [r["name"] for r in two["runs"][:3]] == [
+        "p-glmnm-tp1-dcp1",
+        "p-glmnm-tp2-dcp1",
+        "p-glmnm-tp2-dcp2",
+    ]
+    assert all(r.get("warmup") for r in two["runs"][:2])

@@ -527,8 +527,9 @@ def _first(names: list[str], suites: list[str]) -> dict[str, Any]:
     put first in a queue, it moves those runs forward (merge_suites keeps a name's first
     place) while their suites still bring the gates and noise pairs."""
     runs = {r["name"]: r for n in suites for r in SUITES[n]["runs"]}
+    known = {k: v for n in suites for k, v in SUITES[n]["checkpoints"].items()}
     picked = [runs[n] for n in names]
-    checkpoints = {r["model"][1:]: NEEDLE_CKPTS[r["model"][1:]] for r in picked}
+    checkpoints = {r["model"][1:]: known[r["model"][1:]] for r in picked}
     return {"checkpoints": checkpoints, "runs": picked, "noise": {}, "gates": {}}
 
 
@@ -572,22 +573,24 @@ MTP_ACCEPT_CKPT = ["--arch", "glm", *NEEDLE_ARGS, "--needle-knob", "mtp_answer_l
 MTP_ACCEPT_NOISE = "glmnm/patched"
 
 
-def _mtp_accept_suite(depths: tuple) -> dict[str, Any]:
+def _mtp_accept_suite(depths: tuple, tp: int = 2, dcp: int = 2) -> dict[str, Any]:
     def p(name: str, tp: int, dcp: int, passes: list[str], extra=None, **kw) -> dict[str, Any]:
         return _p(name, tp, dcp, passes, extra, ckpt="glmnm", **{**LIGHT, **kw})
 
+    ref1, refd = f"p-glmnm-tp{tp}-dcp1", f"p-glmnm-tp{tp}-dcp{dcp}"
     runs = [
         p("p-glmnm-tp1-dcp1", 1, 1, ["clean", "repeat", "sensitivity"], warmup=True),
-        p("p-glmnm-tp2-dcp1", 2, 1, ["clean", "repeat"], warmup=True),
-        p("p-glmnm-tp2-dcp2", 2, 2, ["clean", "repeat", "fault"]),
+        # TP = 2: a warm-up run too (the 04:03Z lease); TP = 4 waits for the warm-ups
+        p(ref1, tp, 1, ["clean", "repeat"], warmup=tp == 2),
+        p(refd, tp, dcp, ["clean", "repeat", "fault"]),
     ]
     gates: dict[str, Any] = {}
     for k in depths:
         spec = {"speculative_config": _mtp(k)}
-        one, two = f"p-glmnm-tp2-dcp1-mtp{k}", f"p-glmnm-tp2-dcp2-mtp{k}"
-        runs += [p(two, 2, 2, ["clean", "fault"], spec), p(one, 2, 1, ["clean"], spec)]
+        one, two = f"{ref1}-mtp{k}", f"{refd}-mtp{k}"
+        runs += [p(two, tp, dcp, ["clean", "fault"], spec), p(one, tp, 1, ["clean"], spec)]
         gates[f"{two}-vs-nospec"] = {
-            "ref": "p-glmnm-tp2-dcp2",
+            "ref": refd,
             "cand": two,
             "kind": "spec",
             "noise": MTP_ACCEPT_NOISE,
@@ -600,10 +603,10 @@ def _mtp_accept_suite(depths: tuple) -> dict[str, Any]:
         }
     noise = _patched_noise(
         {
-            "TP=2 DCP=1 vs TP=1": ["p-glmnm-tp1-dcp1", "p-glmnm-tp2-dcp1", "clean", "clean"],
+            f"TP={tp} DCP=1 vs TP=1": ["p-glmnm-tp1-dcp1", ref1, "clean", "clean"],
             "TP=1 repeated": ["p-glmnm-tp1-dcp1", "p-glmnm-tp1-dcp1", "clean", "repeat"],
-            "TP=2 repeated": ["p-glmnm-tp2-dcp1", "p-glmnm-tp2-dcp1", "clean", "repeat"],
-            "TP=2 DCP=2 repeated": ["p-glmnm-tp2-dcp2", "p-glmnm-tp2-dcp2", "clean", "repeat"],
+            f"TP={tp} repeated": [ref1, ref1, "clean", "repeat"],
+            f"TP={tp} DCP={dcp} repeated": [refd, refd, "clean", "repeat"],
         },
         MTP_ACCEPT_NOISE,
     )
@@ -722,3 +725,107 @@ def patched_suite(backend: str, kv_cache_dtype: str | None = "fp8_ds_mla") -> di
         ),
         "gates": {f"p-glmn-tp2-dcp2-{backend.lower()}": ["p-glmn-tp2-dcp1", "p-glmn-tp2-dcp2"]},
     }
+
+
+# After the 2026-12-02 06:15Z lease, the rest of the issue-12 matrix at DCP = 4, in priority
+# order: accepted drafts at DCP = 4 (glmnm, k = 2: the draft's own attention over a
+# four-way-sharded cache), the series' DCP = 4 references, the series under FULL CUDA graphs at
+# DCP = 4, the MTP depths the lease left running (k = 4, 5, 1), the Triton and CuTe DSL merges
+# end to end at DCP = 4 (torch ran there), FA-sparse on a bf16 cache at DCP = 4, and V3.2
+# under FULL graphs at DCP = 4.
+SUITES["patched-mtp-accept-dcp4"] = _mtp_accept_suite((2,), tp=4, dcp=4)
+SUITES["patched-graphs-dcp4"] = {
+    "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
+    "runs": [
+        _p("p-glmn-tp4-dcp1-graphs", 4, 1, ["clean", "repeat"], graphs=True, **LIGHT),
+        _p("p-glmn-tp4-dcp4-graphs", 4, 4, ["clean", "fault"], graphs=True, **LIGHT),
+    ],
+    "noise": _patched_noise(
+        {
+            "TP=4 graphs repeated": [
+                "p-glmn-tp4-dcp1-graphs",
+                "p-glmn-tp4-dcp1-graphs",
+                "clean",
+                "repeat",
+            ]
+        }
+    ),
+    "gates": {
+        "p-glmn-tp4-dcp4-graphs-triton_mla_sparse_fp8_ds_mla": {
+            "ref": "p-glmn-tp4-dcp1-graphs",
+            "cand": "p-glmn-tp4-dcp4-graphs",
+            "noise": PATCHED_NOISE,
+        }
+    },
+}
+SUITES["patched-dcp4-mtp-rest"] = _select(_variant_rows(4, 4, [], [4, 5, 1], False), "-mtp")
+SUITES["patched-dcp4-merges"] = _select(
+    _variant_rows(4, 4, ["triton", "cutedsl"], [], False), "-merge-"
+)
+_FA = {"backend": "FLASH_ATTN_MLA_SPARSE", "kv_cache_dtype": "auto"}
+SUITES["patched-fa-dcp4"] = {
+    "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
+    "runs": [
+        _p("p-glmn-tp4-dcp1-fa", 4, 1, ["clean", "repeat"], **_FA, **LIGHT),
+        _p("p-glmn-tp4-dcp4-fa", 4, 4, ["clean", "fault"], **_FA, **LIGHT),
+    ],
+    "noise": _patched_noise(
+        {"FA bf16 TP=4 repeated": ["p-glmn-tp4-dcp1-fa", "p-glmn-tp4-dcp1-fa", "clean", "repeat"]}
+    ),
+    "gates": {
+        "p-glmn-tp4-dcp4-flash_attn_mla_sparse-bf16": {
+            "ref": "p-glmn-tp4-dcp1-fa",
+            "cand": "p-glmn-tp4-dcp4-fa",
+            "noise": PATCHED_NOISE,
+        }
+    },
+}
+SUITES["needle-v32-tp4-graphs"] = {
+    "checkpoints": {"v32n": NEEDLE_CKPTS["v32n"]},
+    "runs": [
+        _run("v32n-tp4-dcp1-graphs", "v32n", 4, 1, ["clean", "repeat", "sensitivity"], True),
+        _run("v32n-tp4-dcp4-graphs", "v32n", 4, 4, ["clean", "fault"], True),
+        # V3.2's TP = 1 reference, not a warm-up here: the graph rows come last
+        {**NEEDLE_V32_TP4["runs"][0], "warmup": False},
+    ],
+    "noise": {
+        "v32n: TP=4 DCP=1 vs TP=1 (graphs)": [
+            "v32n",
+            "v32n-tp1-dcp1",
+            "v32n-tp4-dcp1-graphs",
+            "clean",
+            "clean",
+        ],
+        "v32n: v32n-tp4-dcp1-graphs repeated": [
+            "v32n",
+            "v32n-tp4-dcp1-graphs",
+            "v32n-tp4-dcp1-graphs",
+            "clean",
+            "repeat",
+        ],
+    },
+    "gates": {"v32n-tp4-dcp4-graphs": ["v32n-tp4-dcp1-graphs", "v32n-tp4-dcp4-graphs"]},
+}
+SUITES["dcp4-final-first"] = _first(
+    [
+        "p-glmnm-tp4-dcp1",
+        "p-glmnm-tp4-dcp4",
+        "p-glmnm-tp4-dcp4-mtp2",
+        "p-glmnm-tp4-dcp1-mtp2",
+        "p-glmn-tp4-dcp1",
+        "p-glmn-tp4-dcp4",
+        "p-glmn-tp4-dcp1-graphs",
+        "p-glmn-tp4-dcp4-graphs",
+    ],
+    ["patched-mtp-accept-dcp4", "patched-dcp4-core", "patched-graphs-dcp4"],
+)
+LEASE_DCP4_FINAL = [
+    "dcp4-final-first",
+    "patched-mtp-accept-dcp4",
+    "patched-dcp4-core",
+    "patched-graphs-dcp4",
+    "patched-dcp4-mtp-rest",
+    "patched-dcp4-merges",
+    "patched-fa-dcp4",
+    "needle-v32-tp4-graphs",
+]
