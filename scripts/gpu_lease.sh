@@ -3,6 +3,8 @@
 # device machine from the repository root, after the staging parts arrived (../shared/gpu
 # recipe; carry .gpu, .gpu-overlay, .gpu-tests):
 #     bash scripts/gpu_lease.sh first GATE_DEADLINE_S   # install, benches, gates start
+#     (or LEASE_END_S=<device seconds left for the lease calls> ... first: the deadline then
+#     fits the lease, see below)
 #     bash scripts/gpu_lease.sh wait                    # each following call
 #     bash scripts/gpu_lease.sh land STAMP FILES_AT...   # here, afterwards: into results/
 # `first`: install the staged vLLM and the patched overlay; the kernel and top-k merge benches
@@ -26,7 +28,8 @@
 # DCP_GIT_REV=a98ee11 GATE_SUITES=lease-dcp4-rest BENCH_STAGES="kernel topk" TREE_TESTS_FIRST=
 # "test_dcp_topk_merge|test_triton_sparse_mla" TREE_STAGE_S=600 ... first 1350; wait; CALL_S=372
 # wait (34 staging calls before it). Next: GATE_SUITES=lease-dcp4-final (the rest of the
-# issue-12 matrix at DCP = 4, plans.LEASE_DCP4_FINAL).
+# issue-12 matrix at DCP = 4, plans.LEASE_DCP4_FINAL) with LEASE_END_S=<budget_left_s after
+# the staging calls, less ~25 s of call start-ups> instead of a fixed GATE_DEADLINE_S.
 # A call carries at most 64 MiB: this tree plus one staging part. ../shared/gpu's
 # stage-build.sh cuts 60 MiB parts, too large beside this tree; re-cut them to 45 MiB (34 parts,
 # 00..33, the last one small enough to travel with .gpu-overlay and .gpu-tests; 54 MiB parts
@@ -114,7 +117,8 @@ gate_wait() {
 }
 case "${1:?first|wait}" in
   first)
-    deadline=${2:?GATE_DEADLINE_S}
+    deadline=${2:-}
+    [ -n "$deadline" ] || [ -n "${LEASE_END_S:-}" ] || { echo "first GATE_DEADLINE_S (or LEASE_END_S)"; exit 2; }
     # the last staging part, when this call carries it (.gpu-parts/NN)
     if ls .gpu-parts/[0-9]*/chunk.* > /dev/null 2>&1; then
       bash .gpu/device-recv.sh || { echo "receiving the carried part failed"; exit 1; }
@@ -142,7 +146,18 @@ case "${1:?first|wait}" in
     RES="$RES/session" bash scripts/gpu_h200_session.sh ${BENCH_STAGES:-kernel topk}
     tail -1 "$RES/prewarm-flashinfer.log" 2>/dev/null
     wait "$ckpt_pid" || { echo "checkpoints failed"; tail -5 "$RES/checkpoints.log"; }
-    echo "=== gates start $(date -u +%T)"
+    # LEASE_END_S: seconds after this call's start by which the lease's last call ends (the
+    # device budget left, less the calls' start-ups). The gates' deadline counts from their
+    # start, after install and benches (the 06:15Z lease gave 1350 s from there and its last
+    # call ended 150 s before it, so the three runs still in flight never got a record); with
+    # LEASE_END_S it ends GATE_COLLECT_S (90) before the lease does, so the runs it cuts are
+    # recorded and collected; a GATE_DEADLINE_S given too is an upper bound.
+    if [ -n "${LEASE_END_S:-}" ]; then
+      fit=$(( LEASE_END_S - ($(date +%s) - START) - ${GATE_COLLECT_S:-90} ))
+      if [ -z "$deadline" ] || [ "$fit" -lt "$deadline" ]; then deadline=$fit; fi
+    fi
+    [ "$deadline" -gt 0 ] || { echo "no time left for the gates (deadline $deadline s)"; pack; exit 1; }
+    echo "=== gates start $(date -u +%T), deadline ${deadline} s"
     python3 scripts/dcp_gate.py start --suites "${GATE_SUITES:-lease-next}" --work "$GATE" \
       --deadline-s "$deadline"
     mkdir -p "$RES/tree-tests"

@@ -106,6 +106,17 @@ def test_first_call_orders_benches_before_gates_and_returns_few_files(tmp_path: 
     assert (root / "overlay" / "MANIFEST").read_text() == "vllm/x.py\n"
     assert (root / "gpu-tests" / "SERIES_TESTS").is_file()
     assert lines[order[3]].startswith(f"{root / 'gpu-tests'}:")
+    # LEASE_END_S fits the gates' deadline into the lease: it counts from the call's start,
+    # less the collection margin, and the positional deadline is only an upper bound
+    calls.write_text("")
+    first_call(tree, {**env, "LEASE_END_S": "300"}).check_returncode()
+    start = next(line for line in calls.read_text().splitlines() if "dcp_gate.py start" in line)
+    fit = int(start.split("--deadline-s ")[1].split()[0])
+    assert 300 - 90 - 15 <= fit <= 300 - 90
+    calls.write_text("")
+    late = first_call(tree, {**env, "LEASE_END_S": "80"})
+    assert late.returncode == 1 and "no time left for the gates" in late.stdout
+    assert "dcp_gate.py start" not in calls.read_text()
     # a first call that does not carry the overlay or the bundle stops before any bench
     shutil.rmtree(tree / ".gpu-overlay")
     calls.write_text("")
