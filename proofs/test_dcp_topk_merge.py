@@ -12,7 +12,8 @@ row still holds the global top-k's multiset of scores, only the ids among equal 
 boundary may differ; and the ranks agree on the result whatever their local order, because the
 selection depends only on the multiset of gathered candidates. The Triton selector's
 algorithms (``radix``: a radix select over the key's digits, the default, its first pass over the
-score word's top bits or over the row's score range; ``bisect``: bisection) write identical rows:
+score word's top bits or over the row's score range, the latter optionally followed by ranking
+the small group it leaves pairwise; ``bisect``: bisection) write identical rows:
 the valid ids of the k largest keys in candidate order (of a duplicated k-th key's copies, the
 first ones that fit), then -1. The Triton kernels run under the Triton interpreter
 (``TRITON_INTERPRET=1``), loaded from the patched tree by ``shipped_triton.load_shipped_triton``.
@@ -42,7 +43,12 @@ def load_leaf(relpath: str):
 
 # The Triton selector's algorithms (name, radix digit width, radix first pass) that the
 # Triton proofs run.
-ALGORITHMS = [("radix", 8, "bits"), ("radix", 8, "range"), ("bisect", 8, "bits")]
+ALGORITHMS = [
+    ("radix", 8, "bits"),
+    ("radix", 8, "range"),
+    ("radix", 8, "range_rank"),
+    ("bisect", 8, "bits"),
+]
 ALL_ALGORITHMS = [*ALGORITHMS, ("radix", 4, "bits"), ("radix", 4, "range")]
 
 
@@ -495,6 +501,15 @@ EDGE_CASES = [
         3,
         [1, 3, 4],
     ),
+    # One value bin (of the range first pass) holds a key above the k-th and three copies of
+    # the k-th key, of which one fits: range_rank ranks that group, and must leave one copy.
+    (
+        "duplicate_straddles_one_bin",
+        [0x40000000, 0x41200000, 0x40000001, 0x40000000, 0x41100000, 0x40000000, 0xC2C80000],
+        [7, 9, 1, 7, 8, 7, 3],
+        4,
+        [7, 9, 1, 8],
+    ),
 ]
 
 
@@ -527,7 +542,40 @@ def test_radix_equals_bisect_on_a_decode_sized_row(candidates, k):
     radix = triton_select(merge, gathered, k, ("radix", 8, "bits"))
     assert torch.equal(radix, triton_select(merge, gathered, k, ("bisect", 8, "bits")))
     assert torch.equal(radix, triton_select(merge, gathered, k, ("radix", 8, "range")))
+    assert torch.equal(radix, triton_select(merge, gathered, k, ("radix", 8, "range_rank")))
     assert radix.tolist() == triton_rows(gathered, k)
+
+
+@pytest.mark.parametrize(
+    "cluster,k", [(300, 200), (100, 2), (100, 60), (20, 10)], ids=lambda v: str(v)
+)
+def test_range_rank_ranks_small_groups_and_passes_large_ones_on(cluster, k):
+    """``range_rank`` ranks the score-range pass's group pairwise only when it holds at most
+    ``RANK_BLOCK`` candidates and the row's top-k has room for them; otherwise the radix passes
+    resolve it: both write the documented row. ``cluster`` candidates (with duplicated keys and
+    padding beside them) share one value bin, narrower than 1/256 of the row's range, and the
+    k-th key lies among them."""
+    merge = load_leaf(TOPK_MERGE)
+    gen = torch.Generator().manual_seed(cluster * 7 + k)
+    spread = 200
+    scores = torch.cat(
+        [
+            torch.full((cluster,), 1.0) + torch.randint(0, 64, (cluster,), generator=gen) * 1e-6,
+            torch.linspace(-100.0, 100.0, spread) + 3.0,
+        ]
+    )
+    ids = torch.randperm(cluster + spread, generator=gen).float()
+    ids[cluster // 3] = ids[cluster // 2]  # a duplicated (score, id) pair, maybe in the group
+    scores[cluster // 3] = scores[cluster // 2]
+    ids[-5:] = -1.0
+    perm = torch.randperm(cluster + spread, generator=gen)
+    gathered = torch.stack([scores[perm], ids[perm]], dim=-1).unsqueeze(0)
+    above_cluster = int((torch.linspace(-100.0, 100.0, spread)[:-5] + 3.0 > 1.0).sum())
+    topk = above_cluster + k
+    assert above_cluster < topk < above_cluster + cluster  # the k-th key is in the cluster
+    expected = triton_rows(gathered, topk)
+    assert triton_select(merge, gathered, topk, ("radix", 8, "range_rank")).tolist() == expected
+    assert triton_select(merge, gathered, topk, ("radix", 8, "bits")).tolist() == expected
 
 
 def test_triton_select_switches_are_strict():
@@ -539,7 +587,9 @@ def test_triton_select_switches_are_strict():
         merge.stable_topk_from_gathered_candidates_triton(gathered, 2, algorithm="Radix")
     with pytest.raises(ValueError, match="radix_bits 5; valid choices are 4, 8"):
         merge.stable_topk_from_gathered_candidates_triton(gathered, 2, radix_bits=5)
-    with pytest.raises(ValueError, match="'Range'; valid choices are 'bits', 'range'"):
+    with pytest.raises(
+        ValueError, match="'Range'; valid choices are 'bits', 'range', 'range_rank'"
+    ):
         merge.stable_topk_from_gathered_candidates_triton(gathered, 2, radix_first_pass="Range")
 
 

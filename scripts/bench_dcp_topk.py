@@ -7,10 +7,11 @@ the leaf's Triton pack and the leaf's torch pack (they must agree bit for bit), 
 ranks' packs (what the all-gather returns) and selects the global top-k with the CuTe DSL radix
 selector, the leaf's Triton selector (``triton``: its default radix select of 8-bit digits;
 ``triton_range``: the same with its first pass over the row's score range;
+``triton_rank``: the range pass, then the small group it leaves ranked pairwise;
 ``triton_radix4``: the same with 4-bit digits; ``triton_bisect``: the bisection it keeps for
 comparison) and its torch reference. A case is identical when the packs
 are bit-identical, every row selects the same set (the CuTe DSL kernel writes its set in atomic
-order, so rows are compared sorted) and the four Triton selectors write identical rows.
+order, so rows are compared sorted) and the five Triton selectors write identical rows.
 
 Times (median of CUDA events) per backend, eager and CUDA-graph-replayed (a graph of up to
 ``--graph-calls`` back-to-back calls, replayed, divided by the call count: the time users get
@@ -64,7 +65,15 @@ WORLDS = (2, 4)
 DECODE_ROWS = (1, 2, 8, 32, 64)
 OLD_ROWS = (64, 2048)
 KINDS = ("random", "ties", "short")
-BACKENDS = ("cutedsl", "triton", "triton_range", "triton_radix4", "triton_bisect", "torch")
+BACKENDS = (
+    "cutedsl",
+    "triton",
+    "triton_range",
+    "triton_rank",
+    "triton_radix4",
+    "triton_bisect",
+    "torch",
+)
 # The variants compared with CuTe DSL.
 VARIANTS = BACKENDS[1:]
 
@@ -189,6 +198,7 @@ def run_case(
         "cutedsl": cute.pack_dcp_topk_candidates_cutedsl,
         "triton": leaf.pack_dcp_topk_candidates_triton,
         "triton_range": leaf.pack_dcp_topk_candidates_triton,
+        "triton_rank": leaf.pack_dcp_topk_candidates_triton,
         "triton_radix4": leaf.pack_dcp_topk_candidates_triton,
         "triton_bisect": leaf.pack_dcp_topk_candidates_triton,
         "torch": leaf.pack_dcp_topk_candidates_torch,
@@ -199,6 +209,9 @@ def run_case(
         "triton": functools.partial(triton_select, algorithm="radix"),
         "triton_range": functools.partial(
             triton_select, algorithm="radix", radix_first_pass="range"
+        ),
+        "triton_rank": functools.partial(
+            triton_select, algorithm="radix", radix_first_pass="range_rank"
         ),
         "triton_radix4": functools.partial(triton_select, algorithm="radix", radix_bits=4),
         "triton_bisect": functools.partial(triton_select, algorithm="bisect"),
@@ -229,7 +242,7 @@ def run_case(
     # Every Triton selector writes the same documented row order, not only the same set.
     triton_rows_differing = sum(
         int((selected["triton"] != selected[name]).any(dim=1).sum().item())
-        for name in ("triton_range", "triton_radix4", "triton_bisect")
+        for name in ("triton_range", "triton_rank", "triton_radix4", "triton_bisect")
     )
 
     logits0, local0, starts0 = inputs[0]
@@ -410,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
             f"[{time.time() - started:5.1f}s] {grid:6s} topk={topk} dcp={world} {kind:6s} "
             f"rows={rows:5d} identical={case['identical']} cutedsl {t:.1f} us (graph merge), "
             f"triton x{r['triton']:.2f} range x{r['triton_range']:.2f} "
+            f"rank x{r['triton_rank']:.2f} "
             f"radix4 x{r['triton_radix4']:.2f} "
             f"triton_bisect x{r['triton_bisect']:.2f} "
             f"torch x{r['torch']:.2f}",

@@ -59,7 +59,7 @@ def launches(leaf: types.ModuleType) -> list[dict]:
             (
                 "_radix_topk_select_kernel",
                 "radix",
-                {"RADIX_BITS": bits, "SCORE_RANGE": first == "range"},
+                {"RADIX_BITS": bits, **leaf.radix_pass_meta(first)},
             )
             for bits in leaf.RADIX_BITS_CHOICES
             for first in leaf.RADIX_FIRST_PASSES

@@ -648,6 +648,7 @@ MERGE_GRIDS = {
 
 MERGE_EXTRA = {
     "triton_range": "Triton range first pass",
+    "triton_rank": "Triton range + rank",
     "triton_radix4": "Triton radix-4",
     "triton_radix11": "Triton radix-11",
     "triton_bisect": "Triton bisect",
