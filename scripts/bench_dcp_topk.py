@@ -120,23 +120,24 @@ def machine() -> dict[str, Any]:
 def make_rank_inputs(
     kind: str, rows: int, topk: int, local_width: int, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One rank's (logits, local top-k indices, row_starts)."""
+    """One rank's (logits, local top-k indices, row_starts), on the generator's device."""
     pad = 8
-    row_starts = torch.randint(0, pad, (rows,), generator=gen, device="cuda", dtype=torch.int32)
+    dev = gen.device
+    row_starts = torch.randint(0, pad, (rows,), generator=gen, device=dev, dtype=torch.int32)
     if kind == "ties":
-        logits = torch.randint(-4, 4, (rows, local_width + pad), generator=gen, device="cuda")
+        logits = torch.randint(-4, 4, (rows, local_width + pad), generator=gen, device=dev)
         logits = logits.float()
         logits[:, ::7] = float("-inf")
         logits[:, 1::11] = -0.0
     else:
-        logits = torch.randn((rows, local_width + pad), generator=gen, device="cuda")
-    cols = row_starts.long().view(-1, 1) + torch.arange(local_width, device="cuda")
+        logits = torch.randn((rows, local_width + pad), generator=gen, device=dev)
+    cols = row_starts.long().view(-1, 1) + torch.arange(local_width, device=dev)
     local = logits.gather(1, cols).topk(topk, dim=1).indices.to(torch.int32)
     if kind == "short":
         # Rows whose local shard holds fewer tokens than top-k, one empty row.
-        lengths = torch.randint(0, topk, (rows,), generator=gen, device="cuda")
+        lengths = torch.randint(0, topk, (rows,), generator=gen, device=dev)
         lengths[0] = 0
-        pos = torch.arange(topk, device="cuda").view(1, -1)
+        pos = torch.arange(topk, device=dev).view(1, -1)
         local = torch.where(pos < lengths.view(-1, 1), local, -1).to(torch.int32)
     return logits, local, row_starts
 
