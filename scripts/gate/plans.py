@@ -317,7 +317,8 @@ def _variant_rows(tp: int, dcp: int, merges: list[str], mtps: list, routes: bool
 
 
 # Each list in priority order: the Triton merge and the torch fallback (never run end to
-# end) before CuTe DSL (what auto already runs), MTP k=2 and the adaptive ladder first.
+# end) before CuTe DSL (what auto ran at every size until 2026-12-02), MTP k=2 and the
+# adaptive ladder first.
 _V2 = _variant_rows(2, 2, ["triton", "torch", "cutedsl"], [2, "adaptive", 4, 5, 1], True)
 
 
