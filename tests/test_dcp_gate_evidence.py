@@ -295,6 +295,7 @@ def test_the_dcp4_final_queue_holds_every_reference_and_puts_accepted_drafts_fir
         "p-glmnm-tp4-dcp4-mtp2-accept",
         "p-glmnm-tp4-dcp4-mtp2-vs-nospec",
         "p-glmn-tp4-dcp4-graphs-triton_mla_sparse_fp8_ds_mla",
+        "p-glmn-tp4-dcp4-32k-triton_mla_sparse_fp8_ds_mla",
         "p-glmn-tp4-dcp4-mtp1-vs-nospec",
         "p-glmn-tp4-dcp4-mtp4-vs-nospec",
         "p-glmn-tp4-dcp4-mtp5-vs-nospec",
@@ -308,6 +309,12 @@ def test_the_dcp4_final_queue_holds_every_reference_and_puts_accepted_drafts_fir
         ref = runs[spec["ref"] if isinstance(spec, dict) else spec[0]]
         same = [r for r in q["runs"] if r["model"] == ref["model"]]
         assert any("sensitivity" in r["passes"] for r in same), gate
+    # the 32k rows serve the 32k prompt alone, and their noise pair compares it with TP = 1
+    long = runs["p-glmn-tp4-dcp4-32k"]
+    assert long["lens"] == [32000] and long["batch_lens"] == []
+    from gate import plan
+
+    assert "lens" not in runs["p-glmn-tp1-dcp1"] and 32000 in plan.SINGLE_LENS
     # the DCP = 2 accept suite keeps its names (results/ holds its gates)
     two = plans.SUITES["patched-mtp-accept"]
     assert "p-glmnm-tp2-dcp2-mtp2-accept" in two["gates"]

@@ -730,7 +730,8 @@ def patched_suite(backend: str, kv_cache_dtype: str | None = "fp8_ds_mla") -> di
 
 # After the 2026-12-02 06:15Z lease, the rest of the issue-12 matrix at DCP = 4, in priority
 # order: accepted drafts at DCP = 4 (glmnm, k = 2: the draft's own attention over a
-# four-way-sharded cache), the series' DCP = 4 references, the series under FULL CUDA graphs at
+# four-way-sharded cache), the series' DCP = 4 references, the series at DCP = 4 on a 32k
+# prompt, the series under FULL CUDA graphs at
 # DCP = 4, the MTP depths the lease left running (k = 4, 5, 1), the Triton and CuTe DSL merges
 # end to end at DCP = 4 (torch ran there), FA-sparse on a bf16 cache at DCP = 4, and V3.2
 # under FULL graphs at DCP = 4.
@@ -755,6 +756,27 @@ SUITES["patched-graphs-dcp4"] = {
         "p-glmn-tp4-dcp4-graphs-triton_mla_sparse_fp8_ds_mla": {
             "ref": "p-glmn-tp4-dcp1-graphs",
             "cand": "p-glmn-tp4-dcp4-graphs",
+            "noise": PATCHED_NOISE,
+        }
+    },
+}
+# The series at DCP = 4 on a 32k prompt (the DCP = 4 rows above are 1k/8k + batch): its own
+# TP = 4 DCP = 1 reference, and a noise pair against the TP = 1 run, which serves 32k.
+_LONG = {"lens": [32000], "batch_lens": []}
+SUITES["patched-dcp4-32k"] = {
+    "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
+    "runs": [
+        _p("p-glmn-tp4-dcp1-32k", 4, 1, ["clean"], **_LONG),
+        _p("p-glmn-tp4-dcp4-32k", 4, 4, ["clean", "fault"], **_LONG),
+        next(r for r in PATCHED_MATRIX["runs"] if r["name"] == "p-glmn-tp1-dcp1"),
+    ],
+    "noise": _patched_noise(
+        {"TP=4 DCP=1 vs TP=1 (32k)": ["p-glmn-tp1-dcp1", "p-glmn-tp4-dcp1-32k", "clean", "clean"]}
+    ),
+    "gates": {
+        "p-glmn-tp4-dcp4-32k-triton_mla_sparse_fp8_ds_mla": {
+            "ref": "p-glmn-tp4-dcp1-32k",
+            "cand": "p-glmn-tp4-dcp4-32k",
             "noise": PATCHED_NOISE,
         }
     },
@@ -815,15 +837,18 @@ SUITES["dcp4-final-first"] = _first(
         "p-glmnm-tp4-dcp1-mtp2",
         "p-glmn-tp4-dcp1",
         "p-glmn-tp4-dcp4",
+        "p-glmn-tp4-dcp1-32k",
+        "p-glmn-tp4-dcp4-32k",
         "p-glmn-tp4-dcp1-graphs",
         "p-glmn-tp4-dcp4-graphs",
     ],
-    ["patched-mtp-accept-dcp4", "patched-dcp4-core", "patched-graphs-dcp4"],
+    ["patched-mtp-accept-dcp4", "patched-dcp4-core", "patched-dcp4-32k", "patched-graphs-dcp4"],
 )
 LEASE_DCP4_FINAL = [
     "dcp4-final-first",
     "patched-mtp-accept-dcp4",
     "patched-dcp4-core",
+    "patched-dcp4-32k",
     "patched-graphs-dcp4",
     "patched-dcp4-mtp-rest",
     "patched-dcp4-merges",
