@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -315,6 +316,13 @@ def test_the_dcp4_final_queue_holds_every_reference_and_puts_accepted_drafts_fir
     from gate import plan
 
     assert "lens" not in runs["p-glmn-tp1-dcp1"] and 32000 in plan.SINGLE_LENS
+    # every run is a valid engine configuration (GateConfig raises on a bad one)
+    fields = {f.name for f in dataclasses.fields(plan.GateConfig)}
+    for run in q["runs"]:
+        plan.GateConfig(**{k: v for k, v in run.items() if k in fields})
+        assert not plan.engine_extra_problems(
+            run.get("engine_extra", {}), run.get("variant", "stock"), run["dcp"]
+        ), run["name"]
     # the DCP = 2 accept suite keeps its names (results/ holds its gates)
     two = plans.SUITES["patched-mtp-accept"]
     assert "p-glmnm-tp2-dcp2-mtp2-accept" in two["gates"]
