@@ -37,7 +37,9 @@
 # stage-build.sh cuts 60 MiB parts, too large beside this tree; re-cut them to 45 MiB (34 parts,
 # 00..33, the last one small enough to travel with .gpu-overlay and .gpu-tests; 54 MiB parts
 # left 0.6 MB to spare beside the 9.9 MB tree of 2026-12-01, 48 MiB ones were 0.6 MiB too
-# large beside the 16.6 MiB tree of 2026-12-02 06:10Z):
+# large beside the 16.6 MiB tree of 2026-12-02 06:10Z; each landed lease adds ~1.5 MiB, so
+# check before staging: `git ls-files -z | xargs -0 stat -c %s | awk '{s+=$1} END {print
+# s/1048576}'` plus the part size must stay under 64):
 #     W=/tmp/resplit; mkdir -p $W; cat .gpu-parts/*/chunk.v* > $W/vllm.tar.gz
 #     cat .gpu-parts/*/chunk.d* > $W/deps.tar; (cd $W && split -b 45m -d -a 2 vllm.tar.gz chunk.v \
 #       && split -b 45m -d -a 2 deps.tar chunk.d); rm -rf .gpu-parts; i=0; for c in $W/chunk.*; do
