@@ -38,8 +38,16 @@ def load_leaf(path: Path, name: str) -> types.ModuleType:
     return module
 
 
-def compile_sm90(fn, signature: dict, constexprs: dict, attrs: dict | None = None, **options):
-    """Triton's own compile of the jitted ``fn`` for sm_90 (``options``: num_warps,
+def compile_sm90(
+    fn,
+    signature: dict,
+    constexprs: dict,
+    attrs: dict | None = None,
+    capability: int = 90,
+    **options,
+):
+    """Triton's own compile of the jitted ``fn`` for sm_90 (or another CUDA ``capability``,
+    e.g. 120 for RTX PRO 6000 / RTX 50xx, 121 for DGX Spark; ``options``: num_warps,
     num_stages), the named constexprs bound."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -48,7 +56,7 @@ def compile_sm90(fn, signature: dict, constexprs: dict, attrs: dict | None = Non
     names = fn.arg_names
     bound = {(names.index(k),): v for k, v in constexprs.items()}
     src = ASTSource(fn, signature, bound, attrs) if attrs else ASTSource(fn, signature, bound)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
 
 
 def cuobjdump(compiled, *flags: str) -> list[str]:

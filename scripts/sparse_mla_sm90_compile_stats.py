@@ -70,7 +70,17 @@ def load(path: Path) -> types.ModuleType:
     return load_leaf(path, "triton_sparse_mla_stats")
 
 
-def compile_point(kern, point) -> dict:
+def small_points(kern) -> list[tuple]:
+    """The default launch on a GPU with 99 KiB of shared memory per block (SM120/121, SM89):
+    the kernel's own ``_TILINGS_SMALL`` per BLOCK_H, paged and flat."""
+    return [
+        (bh, bn, warps, stages, flat, False, "none")
+        for bh, (bn, warps, stages) in sorted(kern._TILINGS_SMALL.items())
+        for flat in (False, True)
+    ]
+
+
+def compile_point(kern, point, capability: int = 90) -> dict:
     bh, bn, warps, stages, flat, fold, prefetch, *rest = point
     bf16 = bool(rest and rest[0])
     fn = kern._sparse_mla_fp8_ds_mla_fwd_kernel
@@ -110,9 +120,12 @@ def compile_point(kern, point) -> dict:
         for i, n in enumerate(names)
         if n in ptrs or (sig[n] == "i32")
     }
-    compiled = compile_sm90(fn, sig, consts, attrs, num_warps=warps, num_stages=stages)
+    compiled = compile_sm90(
+        fn, sig, consts, attrs, capability=capability, num_warps=warps, num_stages=stages
+    )
     res, sass = cuobjdump(compiled, "-res-usage", "-sass")
     return dict(
+        capability=capability,
         block_h=bh,
         block_n=bn,
         num_warps=warps,
@@ -144,13 +157,34 @@ def main() -> int:
         help="compile BF16_POINTS (PREFETCH_POINTS with and without bf16_dequant; kernel "
         "files up to revision 605d99b: the variant left the kernel once it timed slower)",
     )
+    parser.add_argument(
+        "--small",
+        action="store_true",
+        help="compile the kernel's own _TILINGS_SMALL (the default launch where a block gets "
+        "99 KiB of shared memory), paged and flat; with --capability 120 or 121",
+    )
+    parser.add_argument(
+        "--capability",
+        type=int,
+        choices=(90, 120, 121),
+        default=90,
+        help="CUDA compute capability to compile for (default 90)",
+    )
     args = parser.parse_args()
     os.environ.pop("TRITON_INTERPRET", None)
     kern = load(args.kernel_path)
     rows = []
-    points = BF16_POINTS if args.bf16 else PREFETCH_POINTS if args.prefetch else DEFAULT_POINTS
+    points = (
+        small_points(kern)
+        if args.small
+        else BF16_POINTS
+        if args.bf16
+        else PREFETCH_POINTS
+        if args.prefetch
+        else DEFAULT_POINTS
+    )
     for point in points:
-        row = compile_point(kern, point)
+        row = compile_point(kern, point, args.capability)
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.out is not None:
@@ -160,7 +194,8 @@ def main() -> int:
 
         doc = dict(
             kind="sparse-mla-sm90-compile",
-            what="offline sm_90 compile facts (registers, spills, static SASS); not timings",
+            what=f"offline sm_{args.capability} compile facts (registers, spills, static "
+            "SASS); not timings",
             command=" ".join([sys.executable, *sys.argv]),
             kernel_path=str(args.kernel_path),
             kernel_sha256=hashlib.sha256(args.kernel_path.read_bytes()).hexdigest(),
