@@ -12,6 +12,9 @@ H200), so this is the CPU check that the kernels compile at all. Compile facts, 
 
     python scripts/dcp_topk_merge_sm90_compile.py --tree build/vllm [--out results/....json]
 
+``--capability 120`` (or 121) compiles the same launches for the SM120/121 GPUs (RTX PRO 6000,
+DGX Spark).
+
 Exit status 1 when any launch fails to compile (each failure is printed and recorded).
 """
 
@@ -73,7 +76,7 @@ def launches(leaf: types.ModuleType) -> list[dict]:
     return out
 
 
-def compile_launch(leaf: types.ModuleType, launch: dict) -> dict:
+def compile_launch(leaf: types.ModuleType, launch: dict, capability: int = 90) -> dict:
     fn = getattr(leaf, launch["kernel"])
     ptrs = {
         "gathered": "*fp32",
@@ -85,7 +88,7 @@ def compile_launch(leaf: types.ModuleType, launch: dict) -> dict:
     }
     consts = launch["consts"]
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in fn.arg_names}
-    compiled = compile_sm90(fn, sig, consts, num_warps=launch["num_warps"])
+    compiled = compile_sm90(fn, sig, consts, capability=capability, num_warps=launch["num_warps"])
     (res,) = cuobjdump(compiled, "-res-usage")
     return dict(**resources(res), shared_bytes=compiled.metadata.shared)
 
@@ -94,7 +97,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tree", type=Path, required=True, help="patched vLLM tree")
     ap.add_argument("--out", type=Path, help="write the compile facts as JSON")
+    ap.add_argument("--capability", type=int, choices=(90, 120, 121), default=90)
     args = ap.parse_args()
+    target = f"sm_{args.capability}"
     leaf = load_merge(args.tree)
     import triton
 
@@ -102,7 +107,7 @@ def main() -> int:
     for launch in launches(leaf):
         row = {k: v for k, v in launch.items()}
         try:
-            row.update(ok=True, **compile_launch(leaf, launch))
+            row.update(ok=True, **compile_launch(leaf, launch, args.capability))
         except Exception as exc:  # recorded and printed; the exit status says it
             failed += 1
             row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000])
@@ -115,7 +120,7 @@ def main() -> int:
                     "kind": "dcp_topk_merge_sm90_compile",
                     "command": " ".join(sys.argv),
                     "triton": triton.__version__,
-                    "target": "cuda sm_90",
+                    "target": f"cuda {target}",
                     "launches": rows,
                     "failed": failed,
                 },
@@ -123,7 +128,7 @@ def main() -> int:
             )
             + "\n"
         )
-    print(f"{len(rows) - failed} of {len(rows)} launches compiled for sm_90")
+    print(f"{len(rows) - failed} of {len(rows)} launches compiled for {target}")
     return 1 if failed else 0
 
 
