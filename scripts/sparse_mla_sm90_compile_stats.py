@@ -80,6 +80,41 @@ def small_points(kern) -> list[tuple]:
     ]
 
 
+# Stand-in GPUs for --plans: (SMs, shared memory per block) by capability (H200; RTX PRO
+# 6000 Blackwell; DGX Spark's GB10).
+STAND_INS = {90: (132, 227 * 1024), 120: (188, 99 * 1024), 121: (48, 99 * 1024)}
+PLAN_ROWS = (1, 2, 3, 4, 8, 9, 16, 32, 64, 263, 264, 4096)
+PLAN_HEADS = (8, 16, 32, 64, 128)
+
+
+def plan_points(kern, capability: int) -> list[tuple]:
+    """Every distinct kernel launch ``plan_sparse_mla`` chooses by default on the stand-in GPU
+    of ``capability`` (rows x heads x contiguous or paged cache, top-k 2048)."""
+    import torch
+
+    kern._device_info = lambda device: STAND_INS[capability]
+    points = set()
+    for rows in PLAN_ROWS:
+        for heads in PLAN_HEADS:
+            for contiguous in (False, True):
+                p = kern.plan_sparse_mla(
+                    rows, heads, 2048, torch.device("cpu"), contiguous=contiguous
+                )
+                mode = "records" if p.prefetch else "slots" if p.prefetch_slots else "none"
+                points.add(
+                    (
+                        p.block_h,
+                        p.block_n,
+                        p.num_warps,
+                        p.num_stages,
+                        p.flat_records,
+                        p.fold_scales,
+                        mode,
+                    )
+                )
+    return sorted(points)
+
+
 def compile_point(kern, point, capability: int = 90) -> dict:
     bh, bn, warps, stages, flat, fold, prefetch, *rest = point
     bf16 = bool(rest and rest[0])
@@ -164,6 +199,12 @@ def main() -> int:
         "99 KiB of shared memory), paged and flat; with --capability 120 or 121",
     )
     parser.add_argument(
+        "--plans",
+        action="store_true",
+        help="compile every launch plan_sparse_mla chooses by default on a stand-in GPU of "
+        "--capability (STAND_INS); exit 1 if one fails to compile",
+    )
+    parser.add_argument(
         "--capability",
         type=int,
         choices=(90, 120, 121),
@@ -175,7 +216,9 @@ def main() -> int:
     kern = load(args.kernel_path)
     rows = []
     points = (
-        small_points(kern)
+        plan_points(kern, args.capability)
+        if args.plans
+        else small_points(kern)
         if args.small
         else BF16_POINTS
         if args.bf16
@@ -183,8 +226,19 @@ def main() -> int:
         if args.prefetch
         else DEFAULT_POINTS
     )
+    failed = 0
     for point in points:
-        row = compile_point(kern, point, args.capability)
+        try:
+            row = compile_point(kern, point, args.capability)
+        except Exception as exc:  # recorded and printed; the exit status says it
+            failed += 1
+            row = dict(point=list(point), ok=False, error=f"{type(exc).__name__}: {exc}"[:2000])
+        # a launch the planner picks must also fit the GPU's shared memory per block (the
+        # compile does not check it; the launch would fail at run time)
+        limit = STAND_INS[args.capability][1]
+        if args.plans and row.get("shared_bytes", 0) > limit:
+            failed += 1
+            row.update(ok=False, error=f"needs {row['shared_bytes']} B of shared memory > {limit}")
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.out is not None:
@@ -203,7 +257,8 @@ def main() -> int:
             rows=rows,
         )
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    return 0
+    print(f"{len(rows) - failed} of {len(rows)} launches compiled for sm_{args.capability}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
