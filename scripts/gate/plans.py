@@ -388,31 +388,34 @@ PATCHED_DCP4_EXTRAS: dict[str, Any] = {
     "gates": {k: v for k, v in _V4["gates"].items() if "-merge-" in k or "-mtp" in k},
 }
 
+
+def _dcp_pair(
+    tp: int, dcp: int, tag: str, gate: str, noise_label: str, **kw: Any
+) -> dict[str, Any]:
+    """The series on glmn at TP = tp, DCP = dcp against DCP = 1 with the same settings (runs
+    named ``p-glmn-tp{tp}-dcp{1|dcp}-{tag}``; ``kw`` into both runs): the reference repeated
+    for the noise pair ``noise_label``, the candidate with its fault pass, one gate."""
+    ref, cand = f"p-glmn-tp{tp}-dcp1-{tag}", f"p-glmn-tp{tp}-dcp{dcp}-{tag}"
+    return {
+        "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
+        "runs": [
+            _p(ref, tp, 1, ["clean", "repeat"], **kw),
+            _p(cand, tp, dcp, ["clean", "fault"], **kw),
+        ],
+        "noise": _patched_noise({noise_label: [ref, ref, "clean", "repeat"]}),
+        "gates": {gate: {"ref": ref, "cand": cand, "noise": PATCHED_NOISE}},
+    }
+
+
 # (8) FULL_AND_PIECEWISE CUDA graphs for the patched Triton backend
-PATCHED_GRAPHS: dict[str, Any] = {
-    "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
-    "runs": [
-        _p("p-glmn-tp2-dcp1-graphs", 2, 1, ["clean", "repeat"], graphs=True),
-        _p("p-glmn-tp2-dcp2-graphs", 2, 2, ["clean", "fault"], graphs=True),
-    ],
-    "noise": _patched_noise(
-        {
-            "TP=2 graphs repeated": [
-                "p-glmn-tp2-dcp1-graphs",
-                "p-glmn-tp2-dcp1-graphs",
-                "clean",
-                "repeat",
-            ]
-        }
-    ),
-    "gates": {
-        "p-glmn-tp2-dcp2-graphs-triton_mla_sparse_fp8_ds_mla": {
-            "ref": "p-glmn-tp2-dcp1-graphs",
-            "cand": "p-glmn-tp2-dcp2-graphs",
-            "noise": PATCHED_NOISE,
-        }
-    },
-}
+PATCHED_GRAPHS = _dcp_pair(
+    2,
+    2,
+    "graphs",
+    "p-glmn-tp2-dcp2-graphs-triton_mla_sparse_fp8_ds_mla",
+    "TP=2 graphs repeated",
+    graphs=True,
+)
 
 
 def _o_gain(args: list[str], gain: str) -> list[str]:
@@ -736,30 +739,15 @@ def patched_suite(backend: str, kv_cache_dtype: str | None = "fp8_ds_mla") -> di
 # end to end at DCP = 4 (torch ran there), FA-sparse on a bf16 cache at DCP = 4, and V3.2
 # under FULL graphs at DCP = 4.
 SUITES["patched-mtp-accept-dcp4"] = _mtp_accept_suite((2,), tp=4, dcp=4)
-SUITES["patched-graphs-dcp4"] = {
-    "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
-    "runs": [
-        _p("p-glmn-tp4-dcp1-graphs", 4, 1, ["clean", "repeat"], graphs=True, **LIGHT),
-        _p("p-glmn-tp4-dcp4-graphs", 4, 4, ["clean", "fault"], graphs=True, **LIGHT),
-    ],
-    "noise": _patched_noise(
-        {
-            "TP=4 graphs repeated": [
-                "p-glmn-tp4-dcp1-graphs",
-                "p-glmn-tp4-dcp1-graphs",
-                "clean",
-                "repeat",
-            ]
-        }
-    ),
-    "gates": {
-        "p-glmn-tp4-dcp4-graphs-triton_mla_sparse_fp8_ds_mla": {
-            "ref": "p-glmn-tp4-dcp1-graphs",
-            "cand": "p-glmn-tp4-dcp4-graphs",
-            "noise": PATCHED_NOISE,
-        }
-    },
-}
+SUITES["patched-graphs-dcp4"] = _dcp_pair(
+    4,
+    4,
+    "graphs",
+    "p-glmn-tp4-dcp4-graphs-triton_mla_sparse_fp8_ds_mla",
+    "TP=4 graphs repeated",
+    graphs=True,
+    **LIGHT,
+)
 # The series at DCP = 4 on a 32k prompt (the DCP = 4 rows above are 1k/8k + batch): its own
 # TP = 4 DCP = 1 reference, and a noise pair against the TP = 1 run, which serves 32k.
 _LONG = {"lens": [32000], "batch_lens": []}
@@ -785,24 +773,16 @@ SUITES["patched-dcp4-mtp-rest"] = _select(_variant_rows(4, 4, [], [4, 5, 1], Fal
 SUITES["patched-dcp4-merges"] = _select(
     _variant_rows(4, 4, ["triton", "cutedsl"], [], False), "-merge-"
 )
-_FA = {"backend": "FLASH_ATTN_MLA_SPARSE", "kv_cache_dtype": "auto"}
-SUITES["patched-fa-dcp4"] = {
-    "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
-    "runs": [
-        _p("p-glmn-tp4-dcp1-fa", 4, 1, ["clean", "repeat"], **_FA, **LIGHT),
-        _p("p-glmn-tp4-dcp4-fa", 4, 4, ["clean", "fault"], **_FA, **LIGHT),
-    ],
-    "noise": _patched_noise(
-        {"FA bf16 TP=4 repeated": ["p-glmn-tp4-dcp1-fa", "p-glmn-tp4-dcp1-fa", "clean", "repeat"]}
-    ),
-    "gates": {
-        "p-glmn-tp4-dcp4-flash_attn_mla_sparse-bf16": {
-            "ref": "p-glmn-tp4-dcp1-fa",
-            "cand": "p-glmn-tp4-dcp4-fa",
-            "noise": PATCHED_NOISE,
-        }
-    },
-}
+SUITES["patched-fa-dcp4"] = _dcp_pair(
+    4,
+    4,
+    "fa",
+    "p-glmn-tp4-dcp4-flash_attn_mla_sparse-bf16",
+    "FA bf16 TP=4 repeated",
+    backend="FLASH_ATTN_MLA_SPARSE",
+    kv_cache_dtype="auto",
+    **LIGHT,
+)
 SUITES["needle-v32-tp4-graphs"] = {
     "checkpoints": {"v32n": NEEDLE_CKPTS["v32n"]},
     "runs": [
