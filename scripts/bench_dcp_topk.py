@@ -76,6 +76,8 @@ BACKENDS = (
 )
 # The variants compared with CuTe DSL.
 VARIANTS = BACKENDS[1:]
+# The leaf's Triton selector choices (each merge packs with the leaf's Triton pack).
+TRITON_SELECTORS = tuple(name for name in BACKENDS if name.startswith("triton"))
 
 
 def load_leaf(tree: Path) -> ModuleType:
@@ -197,11 +199,7 @@ def run_case(
     local_width = topk + 777
     packers = {
         "cutedsl": cute.pack_dcp_topk_candidates_cutedsl,
-        "triton": leaf.pack_dcp_topk_candidates_triton,
-        "triton_range": leaf.pack_dcp_topk_candidates_triton,
-        "triton_rank": leaf.pack_dcp_topk_candidates_triton,
-        "triton_radix4": leaf.pack_dcp_topk_candidates_triton,
-        "triton_bisect": leaf.pack_dcp_topk_candidates_triton,
+        **dict.fromkeys(TRITON_SELECTORS, leaf.pack_dcp_topk_candidates_triton),
         "torch": leaf.pack_dcp_topk_candidates_torch,
     }
     triton_select = leaf.stable_topk_from_gathered_candidates_triton
@@ -222,10 +220,11 @@ def run_case(
     packed_ranks, inputs = [], []
     for rank in range(world):
         logits, local, row_starts = make_rank_inputs(kind, rows, topk, local_width, gen)
+        # the three packs (the Triton selector choices share one)
         packs = {}
-        for name, pack in packers.items():
+        for name in ("cutedsl", "triton", "torch"):
             packs[name] = torch.empty((rows, topk, 2), device="cuda", dtype=torch.float32)
-            pack(logits, local, packs[name], rank, world, 1, row_starts)
+            packers[name](logits, local, packs[name], rank, world, 1, row_starts)
         for name in ("triton", "torch"):
             packs_equal &= torch.equal(
                 packs["cutedsl"].view(torch.int32), packs[name].view(torch.int32)
@@ -243,7 +242,7 @@ def run_case(
     # Every Triton selector writes the same documented row order, not only the same set.
     triton_rows_differing = sum(
         int((selected["triton"] != selected[name]).any(dim=1).sum().item())
-        for name in ("triton_range", "triton_rank", "triton_radix4", "triton_bisect")
+        for name in TRITON_SELECTORS[1:]
     )
 
     logits0, local0, starts0 = inputs[0]
