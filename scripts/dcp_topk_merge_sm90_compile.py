@@ -26,7 +26,7 @@ import sys
 import types
 from pathlib import Path
 
-from sm90_compile import compile_sm90, cuobjdump, load_leaf, resources
+from sm90_compile import CAPABILITIES, compile_cuda, cuobjdump, load_leaf, resources
 
 LEAF = "vllm/model_executor/kernels/attention/dsa/dcp_topk_merge.py"
 # Candidates per row the launcher is asked to select from: decode (top-k 512/2048 x DCP 2/4),
@@ -88,7 +88,7 @@ def compile_launch(leaf: types.ModuleType, launch: dict, capability: int = 90) -
     }
     consts = launch["consts"]
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in fn.arg_names}
-    compiled = compile_sm90(fn, sig, consts, capability=capability, num_warps=launch["num_warps"])
+    compiled = compile_cuda(fn, sig, consts, capability=capability, num_warps=launch["num_warps"])
     (res,) = cuobjdump(compiled, "-res-usage")
     return dict(**resources(res), shared_bytes=compiled.metadata.shared)
 
@@ -97,7 +97,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tree", type=Path, required=True, help="patched vLLM tree")
     ap.add_argument("--out", type=Path, help="write the compile facts as JSON")
-    ap.add_argument("--capability", type=int, choices=(90, 120, 121), default=90)
+    ap.add_argument("--capability", type=int, choices=CAPABILITIES, default=90)
     args = ap.parse_args()
     target = f"sm_{args.capability}"
     leaf = load_merge(args.tree)

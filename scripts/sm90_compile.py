@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Offline sm_90 compiles of shipped Triton kernels (no GPU): load a vLLM leaf module with the
-real Triton behind ``vllm.triton_utils``, and read a compiled kernel's resources with Triton's
-bundled ``cuobjdump``. Used by sparse_mla_sm90_compile_stats.py and
-dcp_topk_merge_sm90_compile.py."""
+"""Offline CUDA compiles of shipped Triton kernels (no GPU; sm_90 unless told otherwise): load a
+vLLM leaf module with the real Triton behind ``vllm.triton_utils``, and read a compiled
+kernel's resources with Triton's bundled ``cuobjdump``. Used by sparse_mla_sm90_compile_stats.py
+and dcp_topk_merge_sm90_compile.py."""
 
 from __future__ import annotations
 
@@ -14,6 +14,10 @@ import sys
 import tempfile
 import types
 from pathlib import Path
+
+# The compute capabilities the scripts compile for: H200 (sm_90), RTX PRO 6000 / RTX 50xx
+# (sm_120), DGX Spark (sm_121).
+CAPABILITIES = (90, 120, 121)
 
 
 def load_leaf(path: Path, name: str) -> types.ModuleType:
@@ -38,7 +42,7 @@ def load_leaf(path: Path, name: str) -> types.ModuleType:
     return module
 
 
-def compile_sm90(
+def compile_cuda(
     fn,
     signature: dict,
     constexprs: dict,
@@ -46,9 +50,8 @@ def compile_sm90(
     capability: int = 90,
     **options,
 ):
-    """Triton's own compile of the jitted ``fn`` for sm_90 (or another CUDA ``capability``,
-    e.g. 120 for RTX PRO 6000 / RTX 50xx, 121 for DGX Spark; ``options``: num_warps,
-    num_stages), the named constexprs bound."""
+    """Triton's own compile of the jitted ``fn`` for the CUDA ``capability`` (one of
+    CAPABILITIES; ``options``: num_warps, num_stages), the named constexprs bound."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

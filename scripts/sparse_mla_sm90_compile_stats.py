@@ -21,7 +21,7 @@ import types
 from collections import Counter
 from pathlib import Path
 
-from sm90_compile import compile_sm90, cuobjdump, load_leaf, resources
+from sm90_compile import CAPABILITIES, compile_cuda, cuobjdump, load_leaf, resources
 
 # (block_h, block_n, num_warps, num_stages, flat_records, fold_scales, prefetch), prefetch
 # one of PREFETCH_MODES
@@ -68,16 +68,6 @@ OPS = (
 
 def load(path: Path) -> types.ModuleType:
     return load_leaf(path, "triton_sparse_mla_stats")
-
-
-def small_points(kern) -> list[tuple]:
-    """The default launch on a GPU with 99 KiB of shared memory per block (SM120/121, SM89):
-    the kernel's own ``_TILINGS_SMALL`` per BLOCK_H, paged and flat."""
-    return [
-        (bh, bn, warps, stages, flat, False, "none")
-        for bh, (bn, warps, stages) in sorted(kern._TILINGS_SMALL.items())
-        for flat in (False, True)
-    ]
 
 
 # Stand-in GPUs for --plans: (SMs, shared memory per block) by capability (H200; RTX PRO
@@ -155,7 +145,7 @@ def compile_point(kern, point, capability: int = 90) -> dict:
         for i, n in enumerate(names)
         if n in ptrs or (sig[n] == "i32")
     }
-    compiled = compile_sm90(
+    compiled = compile_cuda(
         fn, sig, consts, attrs, capability=capability, num_warps=warps, num_stages=stages
     )
     res, sass = cuobjdump(compiled, "-res-usage", "-sass")
@@ -193,12 +183,6 @@ def main() -> int:
         "files up to revision 605d99b: the variant left the kernel once it timed slower)",
     )
     parser.add_argument(
-        "--small",
-        action="store_true",
-        help="compile the kernel's own _TILINGS_SMALL (the default launch where a block gets "
-        "99 KiB of shared memory), paged and flat; with --capability 120 or 121",
-    )
-    parser.add_argument(
         "--plans",
         action="store_true",
         help="compile every launch plan_sparse_mla chooses by default on a stand-in GPU of "
@@ -207,7 +191,7 @@ def main() -> int:
     parser.add_argument(
         "--capability",
         type=int,
-        choices=(90, 120, 121),
+        choices=CAPABILITIES,
         default=90,
         help="CUDA compute capability to compile for (default 90)",
     )
@@ -218,8 +202,6 @@ def main() -> int:
     points = (
         plan_points(kern, args.capability)
         if args.plans
-        else small_points(kern)
-        if args.small
         else BF16_POINTS
         if args.bf16
         else PREFETCH_POINTS
