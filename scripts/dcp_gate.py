@@ -564,20 +564,11 @@ def _best_sensitivity(runs: dict[str, Any], ckpt: str, atol: float, ref_name: st
 
 
 def resolve_suite(args: argparse.Namespace) -> dict[str, Any]:
-    """--suite NAME (or a JSON file), or --suites A,B,C (``lease``: plans.LEASE,
-    ``lease-next``: plans.LEASE_NEXT, ``lease-rest``: plans.LEASE_REST, ``lease-open``:
-    plans.LEASE_OPEN, ``lease-dcp4-rest``: plans.LEASE_DCP4_REST, ``lease-dcp4-final``:
-    plans.LEASE_DCP4_FINAL) as one queue."""
+    """--suite NAME (or a JSON file), or --suites A,B,C, or --suites <a queue of
+    plans.LEASES> (``lease``, ``lease-next``, ..., ``lease-dcp4-last``) as one queue."""
     names = getattr(args, "suites", None)
     if names:
-        named = {
-            "lease": plans.LEASE,
-            "lease-next": plans.LEASE_NEXT,
-            "lease-rest": plans.LEASE_REST,
-            "lease-open": plans.LEASE_OPEN,
-            "lease-dcp4-rest": plans.LEASE_DCP4_REST,
-            "lease-dcp4-final": plans.LEASE_DCP4_FINAL,
-        }
+        named = plans.LEASES
         listed = named[names] if names in named else names.split(",")
         suites = []
         for name in listed:
@@ -891,8 +882,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--suite", help=f"{', '.join(plans.SUITES)}, patched, or JSON")
         p.add_argument(
             "--suites",
-            help="comma-separated suites run as one priority queue; 'lease' = "
-            + ",".join(plans.LEASE),
+            help="comma-separated suites run as one priority queue, or a named queue: "
+            + ", ".join(plans.LEASES),
         )
         p.add_argument("--backend", default=None, help="for --suite patched")
         p.add_argument("--kv-cache-dtype", default="fp8_ds_mla", help="for --suite patched")

@@ -332,3 +332,39 @@ def test_the_dcp4_final_queue_holds_every_reference_and_puts_accepted_drafts_fir
         "p-glmnm-tp2-dcp2",
     ]
     assert all(r.get("warmup") for r in two["runs"][:2])
+
+
+def test_the_dcp4_last_queue_runs_what_the_0958z_deadline_cut_with_its_references() -> None:
+    """lease-dcp4-last runs every reference its gates compare, MTP k = 4/5/1 at DCP = 4
+    right after the two TP = 4 references, a fault pass in every DCP > 1 run, and no run
+    whose gate the 09:58Z lease made meaningful (accepted drafts, the core, 32k and graph
+    rows at DCP = 4); every named queue resolves through plans.LEASES."""
+    from gate import plans
+
+    assert plans.LEASES["lease-dcp4-last"] is plans.LEASE_DCP4_LAST
+    for queue in plans.LEASES.values():
+        assert all(n in plans.SUITES for n in queue)
+    q = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_DCP4_LAST])
+    names = _runs_every_reference(q)
+    after_warmup = [r["name"] for r in q["runs"] if not r.get("warmup")]
+    assert after_warmup[:5] == [
+        "p-glmn-tp4-dcp1",
+        "p-glmn-tp4-dcp4",
+        "p-glmn-tp4-dcp4-mtp4",
+        "p-glmn-tp4-dcp4-mtp5",
+        "p-glmn-tp4-dcp4-mtp1",
+    ]
+    assert all("fault" in r["passes"] for r in q["runs"] if r["dcp"] > 1)
+    assert not any(
+        n.startswith("p-glmnm") or n.endswith(("-32k", "-graphs"))
+        for n in names
+        if n.startswith("p-")
+    )
+    assert {
+        "p-glmn-tp4-dcp4-mtp1-vs-nospec",
+        "p-glmn-tp4-dcp4-mtp4-vs-nospec",
+        "p-glmn-tp4-dcp4-mtp5-vs-nospec",
+        "p-glmn-tp4-dcp4-flash_attn_mla_sparse-bf16",
+        "v32n-tp4-dcp4-graphs",
+        "p-glmn-tp4-dcp4-merge-triton",
+    } <= set(q["gates"])

@@ -836,3 +836,41 @@ LEASE_DCP4_FINAL = [
     "patched-fa-dcp4",
     "needle-v32-tp4-graphs",
 ]
+
+# After the 2026-12-02 09:58Z lease (accepted drafts, the series' core, 32k and FULL-graph rows
+# at DCP = 4 gated there): what its deadline cut, in the matrix's order of need. MTP k = 4, 5
+# and 1 at DCP = 4 (k = 4 served its clean pass equivalent, its fault pass never ran), each
+# against the non-speculative TP = 4 DCP = 4 run; FA-sparse on a bf16 cache at DCP = 4; V3.2
+# under FULL graphs at DCP = 4; the Triton merge at DCP = 4 last (the series' own selector:
+# `auto` runs CuTe DSL at that size).
+SUITES["dcp4-last-first"] = _first(
+    [
+        "p-glmn-tp4-dcp1",
+        "p-glmn-tp4-dcp4",
+        "p-glmn-tp4-dcp4-mtp4",
+        "p-glmn-tp4-dcp4-mtp5",
+        "p-glmn-tp4-dcp4-mtp1",
+        "p-glmn-tp4-dcp1-fa",
+        "p-glmn-tp4-dcp4-fa",
+    ],
+    ["patched-dcp4-core", "patched-dcp4-mtp-rest", "patched-fa-dcp4"],
+)
+LEASE_DCP4_LAST = [
+    "dcp4-last-first",
+    "patched-dcp4-core",
+    "patched-dcp4-mtp-rest",
+    "patched-fa-dcp4",
+    "needle-v32-tp4-graphs",
+    "patched-dcp4-merges",
+]
+
+# The queues `--suites <name>` accepts, each what the leases before it did not reach.
+LEASES: dict[str, list[str]] = {
+    "lease": LEASE,
+    "lease-next": LEASE_NEXT,
+    "lease-rest": LEASE_REST,
+    "lease-open": LEASE_OPEN,
+    "lease-dcp4-rest": LEASE_DCP4_REST,
+    "lease-dcp4-final": LEASE_DCP4_FINAL,
+    "lease-dcp4-last": LEASE_DCP4_LAST,
+}
