@@ -10,12 +10,12 @@ Exactness needs each rank's local top-k to use the same order on its own tokens 
 winner is always among its owner's local candidates). With any other local tie order the merged
 row still holds the global top-k's multiset of scores, only the ids among equal scores at the
 boundary may differ; and the ranks agree on the result whatever their local order, because the
-selection depends only on the multiset of gathered candidates. The Triton selector's
-algorithms (``radix``: a radix select over the key's digits, the default, its first pass over the
-score word's top bits or over the row's score range, the latter optionally followed by ranking
-the small group it leaves pairwise; ``bisect``: bisection) write identical rows:
-the valid ids of the k largest keys in candidate order (of a duplicated k-th key's copies, the
-first ones that fit), then -1. The Triton kernels run under the Triton interpreter
+selection depends only on the multiset of gathered candidates. The Triton selector (a radix
+select over the key's 8-bit digits) writes the valid ids of the k largest keys in candidate
+order (of a duplicated k-th key's copies, the first ones that fit), then -1. (Its comparison
+choices, 4-bit digits, bisection and the score-range first pass with or without the pairwise
+ranking, left the patch after the 2026-12-02 09:59Z H200 timing; their proofs with them.) The
+Triton kernels run under the Triton interpreter
 (``TRITON_INTERPRET=1``), loaded from the patched tree by ``shipped_triton.load_shipped_triton``.
 """
 
@@ -39,29 +39,6 @@ TRITON_SETTINGS = settings(max_examples=40, deadline=None)
 def load_leaf(relpath: str):
     """The shipped merge module, its Triton kernels on the interpreter."""
     return load_shipped_triton(relpath)
-
-
-# The Triton selector's algorithms (name, radix digit width, radix first pass) that the
-# Triton proofs run.
-ALGORITHMS = [
-    ("radix", 8, "bits"),
-    ("radix", 8, "range"),
-    ("radix", 8, "range_rank"),
-    ("bisect", 8, "bits"),
-]
-ALL_ALGORITHMS = [*ALGORITHMS, ("radix", 4, "bits"), ("radix", 4, "range")]
-
-
-def algorithm_id(algorithm) -> str:
-    name, radix_bits, first_pass = algorithm
-    return name if name == "bisect" else f"{name}{radix_bits}-{first_pass}"
-
-
-def triton_select(merge, gathered, k, algorithm, out=None):
-    name, radix_bits, first_pass = algorithm
-    return merge.stable_topk_from_gathered_candidates_triton(
-        gathered, k, out=out, algorithm=name, radix_bits=radix_bits, radix_first_pass=first_pass
-    )
 
 
 # Scores with many ties, signed zeros and infinities.
@@ -282,11 +259,10 @@ def triton_rows(gathered: torch.Tensor, k: int) -> list[list[int]]:
     return rows
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=algorithm_id)
 @TRITON_SETTINGS
 @given(case=sharded_rows())
-def test_triton_merge_equals_topk_over_concatenated_scores(algorithm, case):
-    """With the Triton pack and the Triton selector (each algorithm), merging the ranks' local
+def test_triton_merge_equals_topk_over_concatenated_scores(case):
+    """With the Triton pack and the Triton selector, merging the ranks' local
     top-k candidates selects exactly the first k tokens of the whole row in (score desc, id
     asc) order (as a set, valid ids first, in the selector's documented order), for generated
     ranks, interleaves, k, tie-heavy scores with +-0 and +-inf, short rows and row offsets; the
@@ -298,7 +274,7 @@ def test_triton_merge_equals_topk_over_concatenated_scores(algorithm, case):
     )
     reference = gather_candidates(merge, n, interleave, k, width, rows, lengths, row_offsets)
     assert torch.equal(gathered.view(torch.int32), reference.view(torch.int32))
-    merged = triton_select(merge, gathered, k, algorithm)
+    merged = merge.stable_topk_from_gathered_candidates_triton(gathered, k)
     assert merged.tolist() == triton_rows(gathered, k)
     for r, (row, length) in enumerate(zip(rows, lengths, strict=True)):
         best = sorted(range(length), key=lambda t: rank_order(row[t], t))[:k]
@@ -326,12 +302,11 @@ def raw_candidates(draw):
     return rows, candidates, k, bits, ids
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=algorithm_id)
 @TRITON_SETTINGS
 @given(case=raw_candidates())
-def test_triton_select_equals_the_torch_reference_on_any_bits(algorithm, case):
+def test_triton_select_equals_the_torch_reference_on_any_bits(case):
     """For any fp32 bit patterns and ids (duplicates and -1 anywhere), the Triton selector
-    (each algorithm) picks the same multiset of ids as the torch reference, i.e. the k largest
+    picks the same multiset of ids as the torch reference, i.e. the k largest
     CuteDSL keys, and writes them in its documented order."""
     merge = load_leaf(TOPK_MERGE)
     rows, candidates, k, bits, ids = case
@@ -339,7 +314,7 @@ def test_triton_select_equals_the_torch_reference_on_any_bits(algorithm, case):
     gathered[..., 0] = torch.tensor(bits, dtype=torch.int64).to(torch.int32).view(torch.float32)
     gathered[..., 1] = torch.tensor(ids, dtype=torch.float32)
     ref = merge.stable_topk_from_gathered_candidates_torch(gathered, k)
-    got = triton_select(merge, gathered, k, algorithm)
+    got = merge.stable_topk_from_gathered_candidates_triton(gathered, k)
     assert got.tolist() == triton_rows(gathered, k)
     for r in range(rows):
         assert_triton_row_layout(got[r].tolist(), ref[r].tolist())
@@ -357,31 +332,29 @@ def test_triton_select_equals_the_torch_reference_on_any_bits(algorithm, case):
         assert ref[r].tolist() == expected + [-1] * (k - len(expected))
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=algorithm_id)
 @TRITON_SETTINGS
 @given(case=sharded_rows(), data=st.data())
-def test_triton_merge_depends_only_on_the_candidate_multiset(algorithm, case, data):
+def test_triton_merge_depends_only_on_the_candidate_multiset(case, data):
     """Permuting the gathered candidates changes at most the order of the Triton selector's
-    valid ids (each algorithm), never the selected set, so every rank selects the same ids."""
+    valid ids, never the selected set, so every rank selects the same ids."""
     merge = load_leaf(TOPK_MERGE)
     n, interleave, k, width, rows, lengths, row_offsets = case
     gathered = gather_candidates(merge, n, interleave, k, width, rows, lengths, row_offsets)
     perm = data.draw(st.permutations(range(gathered.shape[1])))
     permuted = gathered[:, torch.tensor(perm, dtype=torch.long)].contiguous()
-    a = triton_select(merge, gathered, k, algorithm)
-    b = triton_select(merge, permuted, k, algorithm)
+    a = merge.stable_topk_from_gathered_candidates_triton(gathered, k)
+    b = merge.stable_topk_from_gathered_candidates_triton(permuted, k)
     assert torch.equal(a.sort(dim=1).values, b.sort(dim=1).values)
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=algorithm_id)
-def test_triton_select_writes_a_strided_view_and_rejects_oversized_rows(algorithm):
+def test_triton_select_writes_a_strided_view_and_rejects_oversized_rows():
     """The selector writes into a column slice of a wider buffer (the indexer's top-k buffer)
     without touching the other columns, and refuses rows beyond its register budget."""
     merge = load_leaf(TOPK_MERGE)
     gathered = torch.randn((3, 24, 2))
     gathered[..., 1] = torch.arange(24).float()
     buffer = torch.full((3, 12), 123, dtype=torch.int32)
-    triton_select(merge, gathered, 8, algorithm, out=buffer[:, :8])
+    merge.stable_topk_from_gathered_candidates_triton(gathered, 8, out=buffer[:, :8])
     assert (buffer[:, 8:] == 123).all()
     ref = merge.stable_topk_from_gathered_candidates_torch(gathered, 8)
     for r in range(3):
@@ -433,22 +406,21 @@ def tie_groups(draw):
 
 @TRITON_SETTINGS
 @given(case=tie_groups())
-def test_radix_and_bisect_write_identical_rows_on_tie_groups(case):
+def test_radix_select_writes_the_documented_rows_on_tie_groups(case):
     """On rows where most keys tie on the score word (so the radix select runs the id word's
     passes), with duplicated (score, id) pairs at the boundary, padding and k above the
-    candidate count, every algorithm writes exactly the documented row."""
+    candidate count, the Triton selector writes exactly the documented row."""
     merge = load_leaf(TOPK_MERGE)
     k, bits, ids = case
     gathered = gathered_from(bits, ids)
-    expected = triton_rows(gathered, k)
-    for algorithm in ALL_ALGORITHMS:
-        assert triton_select(merge, gathered, k, algorithm).tolist() == expected, algorithm
+    got = merge.stable_topk_from_gathered_candidates_triton(gathered, k)
+    assert got.tolist() == triton_rows(gathered, k)
 
 
 F_ONE, F_TWO, F_THREE = 0x3F800000, 0x40000000, 0x40400000
 NEG_NAN, POS_NAN, POS_INF, NEG_INF = 0xFFFFFFFF, 0x7FC00000, 0x7F800000, 0xFF800000
 
-# (name, score bits, ids, k, the row every algorithm must write)
+# (name, score bits, ids, k, the row the Triton selector must write)
 EDGE_CASES = [
     # One score: the id word decides, smaller id first; ids differ in every byte.
     ("one_score", [F_ONE] * 6, [65536, 256, 1, 65537, 257, 0], 4, [256, 1, 257, 0]),
@@ -485,8 +457,8 @@ EDGE_CASES = [
     ),
     # The k-th key is unique: it is written in candidate order with the keys above it.
     ("unique_kth_in_order", [F_ONE, F_TWO, F_THREE], [0, 1, 2], 2, [1, 2]),
-    # Scores of one sign with a narrow spread, and a row spanning both signs (the range first
-    # pass's bins), where the k-th key sits inside one bin.
+    # Scores of one sign with a narrow spread, and a row spanning both signs, where the k-th
+    # key sat inside one value bin of the (removed) range first pass.
     (
         "narrow_range",
         [0x3F800000, 0x3F800001, 0x3F800002, 0x3F800003, 0x3F800004],
@@ -501,8 +473,8 @@ EDGE_CASES = [
         3,
         [1, 3, 4],
     ),
-    # One value bin (of the range first pass) holds a key above the k-th and three copies of
-    # the k-th key, of which one fits: range_rank ranks that group, and must leave one copy.
+    # Nearby scores (one value bin of the removed range first pass) hold a key above the k-th
+    # and three copies of the k-th key, of which one fits.
     (
         "duplicate_straddles_one_bin",
         [0x40000000, 0x41200000, 0x40000001, 0x40000000, 0x41100000, 0x40000000, 0xC2C80000],
@@ -513,25 +485,24 @@ EDGE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("algorithm", ALL_ALGORITHMS, ids=algorithm_id)
 @pytest.mark.parametrize(
     "name,bits,ids,k,expected", EDGE_CASES, ids=[case[0] for case in EDGE_CASES]
 )
-def test_triton_select_edge_cases(algorithm, name, bits, ids, k, expected):
+def test_triton_select_edge_cases(name, bits, ids, k, expected):
     """Stated rows (ties decided by id in every byte, +0.0 above -0.0, NaN and infinities,
     -NaN against padding, padding only, k above the candidate count, a duplicated key at the
-    boundary) are written exactly, by every algorithm and by the Python model of the order."""
+    boundary) are written exactly, by the Triton selector and by the Python model of the order."""
     merge = load_leaf(TOPK_MERGE)
     gathered = gathered_from([bits], [ids])
     assert triton_rows(gathered, k) == [expected]
-    assert triton_select(merge, gathered, k, algorithm).tolist() == [expected]
+    got = merge.stable_topk_from_gathered_candidates_triton(gathered, k)
+    assert got.tolist() == [expected]
 
 
 @pytest.mark.parametrize("candidates,k", [(1024, 512), (1024, 1), (4096, 2048)])
-def test_radix_equals_bisect_on_a_decode_sized_row(candidates, k):
+def test_radix_select_on_a_decode_sized_row(candidates, k):
     """On decode-sized rows (DCP 2 x top-k 512, DCP 2 x top-k 2048) of random scores, some tied,
-    with padding, the radix select (either first pass) writes exactly the bisection's row and
-    the documented row."""
+    with padding, the radix select writes exactly the documented row."""
     merge = load_leaf(TOPK_MERGE)
     gen = torch.Generator().manual_seed(candidates + k)
     gathered = torch.empty((1, candidates, 2))
@@ -539,22 +510,18 @@ def test_radix_equals_bisect_on_a_decode_sized_row(candidates, k):
     gathered[0, ::5, 0] = 0.25
     gathered[..., 1] = torch.randperm(candidates, generator=gen).float().view(1, -1)
     gathered[0, ::7, 1] = -1.0
-    radix = triton_select(merge, gathered, k, ("radix", 8, "bits"))
-    assert torch.equal(radix, triton_select(merge, gathered, k, ("bisect", 8, "bits")))
-    assert torch.equal(radix, triton_select(merge, gathered, k, ("radix", 8, "range")))
-    assert torch.equal(radix, triton_select(merge, gathered, k, ("radix", 8, "range_rank")))
+    radix = merge.stable_topk_from_gathered_candidates_triton(gathered, k)
     assert radix.tolist() == triton_rows(gathered, k)
 
 
 @pytest.mark.parametrize(
     "cluster,k", [(300, 200), (100, 2), (100, 60), (20, 10)], ids=lambda v: str(v)
 )
-def test_range_rank_ranks_small_groups_and_passes_large_ones_on(cluster, k):
-    """``range_rank`` ranks the score-range pass's group pairwise only when it holds at most
-    ``RANK_BLOCK`` candidates and the row's top-k has room for them; otherwise the radix passes
-    resolve it: both write the documented row. ``cluster`` candidates (with duplicated keys and
-    padding beside them) share one value bin, narrower than 1/256 of the row's range, and the
-    k-th key lies among them."""
+def test_radix_select_on_a_cluster_holding_the_kth_key(cluster, k):
+    """When the k-th key lies among ``cluster`` nearly equal scores (narrower than 1/256 of the
+    row's range, with a duplicated key and padding beside them), the radix select writes the
+    documented row."""
+    # (The cluster sizes were chosen around the removed range_rank choice's RANK_BLOCK.)
     merge = load_leaf(TOPK_MERGE)
     gen = torch.Generator().manual_seed(cluster * 7 + k)
     spread = 200
@@ -574,28 +541,13 @@ def test_range_rank_ranks_small_groups_and_passes_large_ones_on(cluster, k):
     topk = above_cluster + k
     assert above_cluster < topk < above_cluster + cluster  # the k-th key is in the cluster
     expected = triton_rows(gathered, topk)
-    assert triton_select(merge, gathered, topk, ("radix", 8, "range_rank")).tolist() == expected
-    assert triton_select(merge, gathered, topk, ("radix", 8, "bits")).tolist() == expected
-
-
-def test_triton_select_switches_are_strict():
-    """An unknown algorithm, radix width or radix first pass is an error naming the valid
-    choices."""
-    merge = load_leaf(TOPK_MERGE)
-    gathered = torch.zeros((1, 4, 2))
-    with pytest.raises(ValueError, match="'Radix'; valid choices are 'radix', 'bisect'"):
-        merge.stable_topk_from_gathered_candidates_triton(gathered, 2, algorithm="Radix")
-    with pytest.raises(ValueError, match="radix_bits 5; valid choices are 4, 8"):
-        merge.stable_topk_from_gathered_candidates_triton(gathered, 2, radix_bits=5)
-    with pytest.raises(
-        ValueError, match="'Range'; valid choices are 'bits', 'range', 'range_rank'"
-    ):
-        merge.stable_topk_from_gathered_candidates_triton(gathered, 2, radix_first_pass="Range")
+    got = merge.stable_topk_from_gathered_candidates_triton(gathered, topk)
+    assert got.tolist() == expected
 
 
 def test_every_triton_launch_compiles_for_sm90():
-    """Every launch the Triton merge makes (the pack, and each select algorithm, radix width and
-    first pass at 64-16384 candidates) compiles for sm_90: the interpreter runs code that the
+    """Every launch the Triton merge makes (the pack, and the radix select at 64-16384
+    candidates) compiles for sm_90: the interpreter runs code that the
     compiler refuses, so the proofs above alone do not show it (Triton's own compiler and
     ptxas, offline, in a process without ``TRITON_INTERPRET``)."""
     import os

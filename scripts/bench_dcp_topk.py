@@ -5,20 +5,19 @@ For every case (DCP ranks simulated in one process) it builds each rank's local 
 local top-k, packs the ``(score, global_id)`` candidates with the CuTe DSL path's Triton pack,
 the leaf's Triton pack and the leaf's torch pack (they must agree bit for bit), concatenates the
 ranks' packs (what the all-gather returns) and selects the global top-k with the CuTe DSL radix
-selector, the leaf's Triton selector (``triton``: its default radix select of 8-bit digits;
-``triton_range``: the same with its first pass over the row's score range;
-``triton_rank``: the range pass, then the small group it leaves ranked pairwise;
-``triton_radix4``: the same with 4-bit digits; ``triton_bisect``: the bisection it keeps for
-comparison) and its torch reference. A case is identical when the packs
-are bit-identical, every row selects the same set (the CuTe DSL kernel writes its set in atomic
-order, so rows are compared sorted) and the five Triton selectors write identical rows.
+selector, the leaf's Triton selector (``triton``: its radix select of 8-bit digits) and its
+torch reference. A case is identical when the packs are bit-identical and every row selects the
+same set (the CuTe DSL kernel writes its set in atomic order, so rows are compared sorted).
+Runs up to 2026-12-02 09:59Z also timed the selector's comparison choices (``triton_range``,
+``triton_rank``, ``triton_radix4``, ``triton_bisect``; the results JSON keeps their columns);
+they left the leaf after that run, slower than ``triton`` at every decode shape.
 
 Times (median of CUDA events) per backend, eager and CUDA-graph-replayed (a graph of up to
 ``--graph-calls`` back-to-back calls, replayed, divided by the call count: the time users get
 under vLLM's CUDA graphs): ``select`` (the selector alone) and ``merge`` (one rank's pack plus
-the selection; the all-gather between them is not timed; ``triton_bisect`` packs with the
-Triton pack). Each row carries ``time_over_cutedsl`` (CUDA-graph merge time of triton /
-triton_bisect / torch over CuTe DSL, the ratio issue 16 judges) and the same ratios for eager
+the selection; the all-gather between them is not timed). Each row carries
+``time_over_cutedsl`` (CUDA-graph merge time of triton / torch over CuTe DSL, the ratio issue 16
+judges) and the same ratios for eager
 and select-only. Repetitions adapt to the call's time (each timing spends about ``--target-ms``
 of GPU time, at least 5 repetitions), so the slow torch cases do not dominate the run.
 
@@ -31,8 +30,8 @@ killed run keeps what it measured).
 Needs one CUDA GPU, the vLLM 0.33.0 wheel with nvidia-cutlass-dsl and quack-kernels importable,
 and the patched tree (the leaf module is loaded from it by path). Writes
 ``results/dcp-topk-merge-<gpu>-<UTC stamp>.json`` (or ``--out``); exits 1 when a case differs.
-About 30-60 s on one H200 including the CuTe DSL and Triton JIT (the three-backend run of
-results/dcp-topk-merge-h200-0.33.0.json took 28 s; the fourth variant adds about a quarter).
+About 30-60 s on one H200 including the CuTe DSL and Triton JIT (a three-backend run took
+28 s).
 
     python scripts/bench_dcp_topk.py --vllm-tree build/vllm
 """
@@ -40,7 +39,6 @@ results/dcp-topk-merge-h200-0.33.0.json took 28 s; the fourth variant adds about
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib.util
 import json
 import os
@@ -65,19 +63,9 @@ WORLDS = (2, 4)
 DECODE_ROWS = (1, 2, 8, 32, 64)
 OLD_ROWS = (64, 2048)
 KINDS = ("random", "ties", "short")
-BACKENDS = (
-    "cutedsl",
-    "triton",
-    "triton_range",
-    "triton_rank",
-    "triton_radix4",
-    "triton_bisect",
-    "torch",
-)
+BACKENDS = ("cutedsl", "triton", "torch")
 # The variants compared with CuTe DSL.
 VARIANTS = BACKENDS[1:]
-# The leaf's Triton selector choices (each merge packs with the leaf's Triton pack).
-TRITON_SELECTORS = tuple(name for name in BACKENDS if name.startswith("triton"))
 
 
 def load_leaf(tree: Path) -> ModuleType:
@@ -199,33 +187,23 @@ def run_case(
     local_width = topk + 777
     packers = {
         "cutedsl": cute.pack_dcp_topk_candidates_cutedsl,
-        **dict.fromkeys(TRITON_SELECTORS, leaf.pack_dcp_topk_candidates_triton),
+        "triton": leaf.pack_dcp_topk_candidates_triton,
         "torch": leaf.pack_dcp_topk_candidates_torch,
     }
-    triton_select = leaf.stable_topk_from_gathered_candidates_triton
     selectors = {
         "cutedsl": cute.stable_topk_from_gathered_candidates_cutedsl,
-        "triton": functools.partial(triton_select, algorithm="radix"),
-        "triton_range": functools.partial(
-            triton_select, algorithm="radix", radix_first_pass="range"
-        ),
-        "triton_rank": functools.partial(
-            triton_select, algorithm="radix", radix_first_pass="range_rank"
-        ),
-        "triton_radix4": functools.partial(triton_select, algorithm="radix", radix_bits=4),
-        "triton_bisect": functools.partial(triton_select, algorithm="bisect"),
+        "triton": leaf.stable_topk_from_gathered_candidates_triton,
         "torch": leaf.stable_topk_from_gathered_candidates_torch,
     }
     packs_equal = True
     packed_ranks, inputs = [], []
     for rank in range(world):
         logits, local, row_starts = make_rank_inputs(kind, rows, topk, local_width, gen)
-        # the three packs (the Triton selector choices share one)
         packs = {}
-        for name in ("cutedsl", "triton", "torch"):
+        for name in BACKENDS:
             packs[name] = torch.empty((rows, topk, 2), device="cuda", dtype=torch.float32)
             packers[name](logits, local, packs[name], rank, world, 1, row_starts)
-        for name in ("triton", "torch"):
+        for name in VARIANTS:
             packs_equal &= torch.equal(
                 packs["cutedsl"].view(torch.int32), packs[name].view(torch.int32)
             )
@@ -239,11 +217,6 @@ def run_case(
         name: int((selected[name].sort(dim=1).values != reference).any(dim=1).sum().item())
         for name in VARIANTS
     }
-    # Every Triton selector writes the same documented row order, not only the same set.
-    triton_rows_differing = sum(
-        int((selected["triton"] != selected[name]).any(dim=1).sum().item())
-        for name in TRITON_SELECTORS[1:]
-    )
 
     logits0, local0, starts0 = inputs[0]
     pack_out = torch.empty((rows, topk, 2), device="cuda", dtype=torch.float32)
@@ -273,7 +246,7 @@ def run_case(
         base = timings["cutedsl"][key]
         return {name: timings[name][key] / base for name in VARIANTS}
 
-    identical = packs_equal and not any(rows_differing.values()) and not triton_rows_differing
+    identical = packs_equal and not any(rows_differing.values())
     return {
         "grid": grid,
         "topk": topk,
@@ -284,7 +257,6 @@ def run_case(
         "seed": seed,
         "packs_bit_identical": packs_equal,
         "rows_with_different_set": rows_differing,
-        "rows_triton_selectors_differing": triton_rows_differing,
         "identical": identical,
         "timings": timings,
         "time_over_cutedsl": ratios("merge_graph_ms"),
@@ -422,11 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"[{time.time() - started:5.1f}s] {grid:6s} topk={topk} dcp={world} {kind:6s} "
             f"rows={rows:5d} identical={case['identical']} cutedsl {t:.1f} us (graph merge), "
-            f"triton x{r['triton']:.2f} range x{r['triton_range']:.2f} "
-            f"rank x{r['triton_rank']:.2f} "
-            f"radix4 x{r['triton_radix4']:.2f} "
-            f"triton_bisect x{r['triton_bisect']:.2f} "
-            f"torch x{r['torch']:.2f}",
+            f"triton x{r['triton']:.2f} torch x{r['torch']:.2f}",
             flush=True,
         )
 

@@ -4,11 +4,11 @@ makes: registers, spills, shared memory.
 
 No GPU needed: Triton compiles the shipped leaf module (``--tree``: a patched vLLM tree) for
 sm_90 with its bundled ptxas, at the block sizes and warp counts
-``stable_topk_from_gathered_candidates_triton`` picks for 64 .. 16384 candidates (every
-algorithm, radix width and first pass, sized by the leaf's ``select_launch_meta``) and the
-pack kernel. The Triton interpreter, which the proofs use, accepts code that the compiler
-refuses (a loop-carried value that changes type, 2026-12-02: 126 CUDA test failures on the
-H200), so this is the CPU check that the kernels compile at all. Compile facts, not timings:
+``stable_topk_from_gathered_candidates_triton`` picks for 64 .. 16384 candidates (the radix
+select, sized by the leaf's ``select_launch_meta``) and the pack kernel. The Triton
+interpreter, which the proofs use, accepts code that the compiler refuses (a loop-carried value
+that changes type, 2026-12-02: 126 CUDA test failures on the H200), so this is the CPU check
+that the kernels compile at all. Compile facts, not timings:
 
     python scripts/dcp_topk_merge_sm90_compile.py --tree build/vllm [--out results/....json]
 
@@ -58,21 +58,16 @@ def launches(leaf: types.ModuleType) -> list[dict]:
         for starts in (False, True)
     ]
     for c in CANDIDATES:
-        variants = [("_stable_topk_select_kernel", "bisect", {})] + [
-            (
-                "_radix_topk_select_kernel",
-                "radix",
-                {"RADIX_BITS": bits, **leaf.radix_pass_meta(first)},
+        meta = leaf.select_launch_meta(c, TOPK)
+        warps = meta.pop("num_warps")
+        out.append(
+            dict(
+                kernel="_radix_topk_select_kernel",
+                consts={**meta, "RADIX_BITS": leaf.RADIX_BITS},
+                num_warps=warps,
+                candidates=c,
             )
-            for bits in leaf.RADIX_BITS_CHOICES
-            for first in leaf.RADIX_FIRST_PASSES
-        ]
-        for kernel, algorithm, consts in variants:
-            meta = leaf.select_launch_meta(c, TOPK, algorithm)
-            warps = meta.pop("num_warps")
-            out.append(
-                dict(kernel=kernel, consts={**meta, **consts}, num_warps=warps, candidates=c)
-            )
+        )
     return out
 
 

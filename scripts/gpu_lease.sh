@@ -31,8 +31,8 @@
 # wait (34 staging calls before it). Next: GATE_SUITES=lease-dcp4-final (the rest of the
 # issue-12 matrix at DCP = 4, plans.LEASE_DCP4_FINAL) with LEASE_END_S=<budget_left_s after
 # the staging calls, less ~25 s of call start-ups> instead of a fixed GATE_DEADLINE_S;
-# BENCH_STAGES=topk (the merge's range_rank select is untimed; the kernel did not change
-# since the 06:15Z bench), TREE_TESTS_FIRST="test_dcp_topk_merge|test_triton_sparse_mla".
+# BENCH_STAGES=topk (it timed the merge's range_rank select, slower everywhere; removed from
+# 0004 since), TREE_TESTS_FIRST="test_dcp_topk_merge|test_triton_sparse_mla".
 # A call carries at most 64 MiB: this tree plus one staging part. ../shared/gpu's
 # stage-build.sh cuts 60 MiB parts, too large beside this tree; re-cut them to 45 MiB (34 parts,
 # 00..33, the last one small enough to travel with .gpu-overlay and .gpu-tests; 54 MiB parts
