@@ -28,11 +28,13 @@
 # DCP_GIT_REV=ede0a4b GATE_SUITES=lease-open (same settings) ... first 1230; wait; CALL_S=370 wait.
 # DCP_GIT_REV=a98ee11 GATE_SUITES=lease-dcp4-rest BENCH_STAGES="kernel topk" TREE_TESTS_FIRST=
 # "test_dcp_topk_merge|test_triton_sparse_mla" TREE_STAGE_S=600 ... first 1350; wait; CALL_S=372
-# wait (34 staging calls before it). Next: GATE_SUITES=lease-dcp4-final (the rest of the
-# issue-12 matrix at DCP = 4, plans.LEASE_DCP4_FINAL) with LEASE_END_S=<budget_left_s after
-# the staging calls, less ~25 s of call start-ups> instead of a fixed GATE_DEADLINE_S;
-# BENCH_STAGES=topk (it timed the merge's range_rank select, slower everywhere; removed from
-# 0004 since), TREE_TESTS_FIRST="test_dcp_topk_merge|test_triton_sparse_mla".
+# wait (34 staging calls before it). DCP_GIT_REV=d36354c GATE_SUITES=lease-dcp4-final
+# BENCH_STAGES=topk (same TREE_ settings) LEASE_END_S=1530 ... first; wait; CALL_S=395 wait
+# (34 staging calls before it, from a fresh checkout: make wheel, stage-build, the re-cut below).
+# Next: GATE_SUITES=lease-dcp4-last (what that lease's deadline cut, plans.LEASE_DCP4_LAST)
+# with LEASE_END_S=<budget_left_s after the staging calls, less ~25 s of call start-ups>;
+# BENCH_STAGES=topk (0004's selector lost its comparison choices since: time and check the
+# trimmed merge), TREE_TESTS_FIRST="test_dcp_topk_merge|test_triton_sparse_mla".
 # A call carries at most 64 MiB: this tree plus one staging part. ../shared/gpu's
 # stage-build.sh cuts 60 MiB parts, too large beside this tree; re-cut them to 45 MiB (34 parts,
 # 00..33, the last one small enough to travel with .gpu-overlay and .gpu-tests; 54 MiB parts
