@@ -34,7 +34,8 @@
 # Next: GATE_SUITES=lease-dcp4-last (what that lease's deadline cut, plans.LEASE_DCP4_LAST)
 # with LEASE_END_S=<budget_left_s after the staging calls, less ~25 s of call start-ups>;
 # BENCH_STAGES=topk (0004's selector lost its comparison choices since: time and check the
-# trimmed merge), TREE_TESTS_FIRST="test_dcp_topk_merge|test_triton_sparse_mla".
+# trimmed merge), TREE_TESTS_FIRST="test_dcp_topk_merge|test_triton_sparse_mla" (in that order:
+# the merge file first, since 2026-12-02 11:30Z the patterns run in their order).
 # A call carries at most 64 MiB: this tree plus one staging part. ../shared/gpu's
 # stage-build.sh cuts 60 MiB parts, too large beside this tree; re-cut them to 45 MiB (34 parts,
 # 00..33, the last one small enough to travel with .gpu-overlay and .gpu-tests; 54 MiB parts

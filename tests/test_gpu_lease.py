@@ -187,3 +187,41 @@ def test_tree_tests_stage_runs_each_file_and_reports_how(tmp_path: Path) -> None
     lines = calls.read_text().splitlines()
     assert "pip install -q --no-index --no-deps wheels/tblib-3.0.0-py3-none-any.whl" in lines[0]
     assert all("--tb=short" in line for line in lines[1:])
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_tree_tests_first_runs_its_patterns_in_their_order(tmp_path: Path) -> None:
+    """TREE_TESTS_FIRST="c|a" runs tests/c.py, then tests/a.py, then the bundle's other
+    files in the bundle's order, each file once (a file two patterns match runs once)."""
+    tree = tmp_path / "tree"
+    shutil.copytree(REPO / "scripts", tree / "scripts")
+    bundle = tree / ".gpu-tests"
+    (bundle / "wheels").mkdir(parents=True)
+    (bundle / "SERIES_TESTS").write_text("tests/a.py\ntests/b.py\ntests/c.py\ntests/ca.py\n")
+    stub = tmp_path / "stub"
+    stub.mkdir()
+    (stub / "python3").write_text(STAGE_PYTHON)
+    (stub / "python3").chmod(0o755)
+    res = tmp_path / "res"
+    res.mkdir()
+    env = {
+        **os.environ,
+        "PATH": f"{stub}:{os.environ['PATH']}",
+        "RES": str(res),
+        "OUT": str(res),
+        "CALLS": str(tmp_path / "calls.log"),
+        "STAGE_TIMEOUT": "30",
+        "DCP_VLLM_TREE": str(tree),
+        "TREE_TESTS_FIRST": "c|a",
+    }
+    subprocess.run(
+        ["bash", "scripts/gpu_h200_session.sh", "tree-tests"],
+        cwd=tree,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    log = (res / "tree-tests-h200.log").read_text()
+    started = [line[3:] for line in log.splitlines() if line.startswith("== ") and ": " not in line]
+    assert started == ["tests/c.py", "tests/ca.py", "tests/a.py", "tests/b.py"]
