@@ -37,21 +37,68 @@
 # trimmed merge), TREE_TESTS_FIRST="test_dcp_topk_merge|test_triton_sparse_mla" (in that order:
 # the merge file first, since 2026-12-02 11:30Z the patterns run in their order).
 # A call carries at most 64 MiB: this tree plus one staging part. ../shared/gpu's
-# stage-build.sh cuts 60 MiB parts, too large beside this tree; re-cut them to 45 MiB (34 parts,
-# 00..33, the last one small enough to travel with .gpu-overlay and .gpu-tests; 54 MiB parts
-# left 0.6 MB to spare beside the 9.9 MB tree of 2026-12-01, 48 MiB ones were 0.6 MiB too
-# large beside the 16.6 MiB tree of 2026-12-02 06:10Z; each landed lease adds ~1.5 MiB, so
-# check before staging: `git ls-files -z | xargs -0 stat -c %s | awk '{s+=$1} END {print
-# s/1048576}'` plus the part size must stay under 64):
-#     W=/tmp/resplit; mkdir -p $W; cat .gpu-parts/*/chunk.v* > $W/vllm.tar.gz
-#     cat .gpu-parts/*/chunk.d* > $W/deps.tar; (cd $W && split -b 45m -d -a 2 vllm.tar.gz chunk.v \
-#       && split -b 45m -d -a 2 deps.tar chunk.d); rm -rf .gpu-parts; i=0; for c in $W/chunk.*; do
-#       d=$(printf .gpu-parts/%02d $i); mkdir -p $d; mv $c $d/; i=$((i+1)); done
-#     (cd .gpu-parts && sha256sum */chunk.* > SHA256SUMS) && cp .gpu-parts/SHA256SUMS .gpu/parts.sha256
+# stage-build.sh cuts 60 MiB parts, too large beside this tree (18.7 MiB with .gpu on
+# 2026-12-02 11:30Z; each landed lease adds ~1.5 MiB), so, here, before the lease:
+#     make wheel && bash scripts/gpu_lease.sh stage
+# (copies ../shared/gpu to .gpu, runs stage-build.sh, re-cuts the parts to what a call leaves
+# beside the tree, the largest first so that the last call carries the smallest beside
+# .gpu-overlay and .gpu-tests, rebuilds those two from build/vllm, checks every call's size
+# and prints the calls; tests/test_gpu_lease.py). A hand re-cut of 2026-12-02 joined the
+# chunks by folder order after a folder had been moved, which misorders the bytes: `stage`
+# joins them by chunk name.
 # Everything comes back in at most 8 files under $OUT: kernel.tar.gz and topk.tar.gz (bench
 # JSON + log, first call only), lease-logs.tgz (overlay log, tree tests, status) and gate.tgz
 # (run records, gate files, rank logs).
 set -uo pipefail
+if [ "${1:-}" = stage ]; then
+  # Here, before the lease, from a checkout whose build/vllm is applied (make wheel): what
+  # the calls carry. ../shared/gpu -> .gpu, the staging parts (.gpu/stage-build.sh, ~1-5 min)
+  # re-cut where one is larger than PART_MIB (default: what a call's CALL_MIB = 64 MiB leaves
+  # beside the tracked tree and .gpu, less 1 MiB; 45 on 2026-12-02 with an 18.7 MiB tree), in
+  # folders ordered largest first, so that the last call, which also carries .gpu-overlay and
+  # .gpu-tests, gets the smallest; the overlay and the test bundle rebuilt from build/vllm;
+  # then the size check of every call. Prints the calls to make.
+  CALL_MIB=${CALL_MIB:-64}; PY=${PY:-.venv/bin/python}
+  [ -d build/vllm ] && [ -d build/base/vllm ] || { echo "build/vllm missing: run make wheel"; exit 2; }
+  [ -d .gpu ] || cp -r "${SHARED_GPU:-../shared/gpu}" .gpu || exit 1
+  kib() { du -sk "$@" | awk '{s += $1} END {print s}'; }
+  tree=$(( $(git ls-files -z | xargs -0 stat -c %s | awk '{s += $1} END {print int(s / 1024)}') + $(kib .gpu) ))
+  PART_MIB=${PART_MIB:-$(( CALL_MIB - (tree + 1023) / 1024 - 1 ))}
+  [ "$PART_MIB" -gt 0 ] || { echo "no room for a part beside the ${tree} KiB tree"; exit 1; }
+  [ -f .gpu-parts/SHA256SUMS ] || bash .gpu/stage-build.sh || { echo "stage-build failed"; exit 1; }
+  over=$(find .gpu-parts -name 'chunk.*' -size +$((PART_MIB * 1024))k | head -1)
+  if [ -n "$over" ]; then
+    W=$(mktemp -d)
+    # joined in the chunks' name order, whatever folder holds each (the folders are ordered
+    # by size, not by name: a plain glob would join them out of order)
+    joined() { ls .gpu-parts/*/chunk."$1"* | awk -F/ '{print $NF, $0}' | sort | cut -d' ' -f2 \
+      | xargs cat; }
+    joined v > "$W/vllm.tar.gz" && joined d > "$W/deps.tar" \
+      && (cd "$W" && split -b "${PART_MIB}m" -d -a 2 vllm.tar.gz chunk.v \
+        && split -b "${PART_MIB}m" -d -a 2 deps.tar chunk.d && rm vllm.tar.gz deps.tar) \
+      || { echo "re-cut failed; .gpu-parts left as it was"; rm -rf "$W"; exit 1; }
+    rm -rf .gpu-parts
+    # device-install.sh joins chunk.v* and chunk.d* by name: the folders' order is free
+    i=0; for c in $(ls -S "$W"/chunk.*); do
+      d=$(printf .gpu-parts/%02d $i); mkdir -p "$d"; mv "$c" "$d/"; i=$((i + 1)); done
+    rm -rf "$W"
+    (cd .gpu-parts && sha256sum */chunk.* > SHA256SUMS) && cp .gpu-parts/SHA256SUMS .gpu/parts.sha256
+  fi
+  rm -rf .gpu-overlay .gpu-tests
+  bash .gpu/overlay-build.sh build/vllm build/base/vllm > /dev/null \
+    && "$PY" scripts/tree_tests_bundle.py build/vllm .gpu-tests > /dev/null \
+    || { echo "overlay or test bundle failed"; exit 1; }
+  parts=$(ls -d .gpu-parts/[0-9]* | sort); last=$(echo "$parts" | tail -1)
+  big=$(for d in $parts; do kib "$d"; done | sort -n | tail -1)
+  lastcall=$(( tree + $(kib "$last" .gpu-overlay .gpu-tests) ))
+  echo "tree + .gpu ${tree} KiB; parts of at most ${PART_MIB} MiB, the largest ${big} KiB; last call ${lastcall} KiB (limit $((CALL_MIB * 1024)))"
+  [ $((tree + big)) -lt $((CALL_MIB * 1024)) ] && [ "$lastcall" -lt $((CALL_MIB * 1024)) ] \
+    || { echo "a call would exceed ${CALL_MIB} MiB: lower PART_MIB"; exit 1; }
+  n=$(echo "$parts" | wc -l)
+  echo "calls: carry [.gpu, .gpu-parts/NN] 'bash .gpu/device-recv.sh' for NN in $(echo "$parts" | head -1 | xargs basename)..$(echo "$parts" | sed -n "$((n - 1))p" | xargs basename);"
+  echo "then carry [.gpu, $last, .gpu-overlay, .gpu-tests] 'bash scripts/gpu_lease.sh first' ($n calls)"
+  exit 0
+fi
 if [ "${1:-}" = land ]; then
   # Here, after the lease: put what the calls brought back (FILES_AT: one folder per call, or
   # the files themselves) into results/. Gate files whose comparison never ran (runs cut by the

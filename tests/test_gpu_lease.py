@@ -225,3 +225,90 @@ def test_tree_tests_first_runs_its_patterns_in_their_order(tmp_path: Path) -> No
     log = (res / "tree-tests-h200.log").read_text()
     started = [line[3:] for line in log.splitlines() if line.startswith("== ") and ": " not in line]
     assert started == ["tests/c.py", "tests/ca.py", "tests/a.py", "tests/b.py"]
+
+
+STAGE_BUILD = """#!/bin/bash
+# stand-in for ../shared/gpu/stage-build.sh: parts whose folders are NOT in the chunks' name
+# order (the 2026-12-02 session moved one by hand; a glob join then misorders the bytes)
+set -e
+cd "$(dirname "$0")/.."
+python3 - <<'PY'
+import hashlib, os, random
+rng = random.Random(7)
+mib = 1 << 20
+blobs = {"v": rng.randbytes(3 * mib + 5), "d": rng.randbytes(4 * mib + 11)}
+for k, b in blobs.items():
+    open(f".gpu-blob-{k}", "wb").write(b)
+# chunk name -> folder: out of name order on purpose
+layout = {"chunk.v00": "03", "chunk.v01": "00", "chunk.d00": "01", "chunk.d01": "02"}
+pieces = {"chunk.v00": blobs["v"][: 2 * mib], "chunk.v01": blobs["v"][2 * mib :],
+          "chunk.d00": blobs["d"][: 3 * mib], "chunk.d01": blobs["d"][3 * mib :]}
+lines = []
+for name, folder in layout.items():
+    os.makedirs(f".gpu-parts/{folder}", exist_ok=True)
+    open(f".gpu-parts/{folder}/{name}", "wb").write(pieces[name])
+    lines.append(f"{hashlib.sha256(pieces[name]).hexdigest()}  {folder}/{name}")
+open(".gpu-parts/SHA256SUMS", "w").write("\\n".join(lines) + "\\n")
+PY
+"""
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("git") is None, reason="bash, git")
+def test_stage_recuts_parts_joined_in_chunk_order_and_sized_for_a_call(tmp_path: Path) -> None:
+    """`gpu_lease.sh stage` re-cuts parts larger than what a call leaves beside the tree,
+    joining the chunks in their names' order whatever folders hold them (the bytes device-
+    install.sh reassembles are the original ones), puts the smallest part last, writes
+    checksums that match, and refuses when a call would be over its limit."""
+    import hashlib
+
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO / "scripts", repo / "scripts")
+    gpu = repo / ".gpu"
+    gpu.mkdir()
+    (gpu / "stage-build.sh").write_text(STAGE_BUILD)
+    (gpu / "overlay-build.sh").write_text('mkdir -p "$(dirname "$0")/../.gpu-overlay"\n')
+    for d in ("build/vllm", "build/base/vllm"):
+        (repo / d).mkdir(parents=True)
+    bundle = tmp_path / "bundle.py"
+    bundle.write_text("import os, sys; os.makedirs(sys.argv[2], exist_ok=True)\n")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run(["git", "add", "scripts"], cwd=repo, check=True)
+    tree_kib = sum(p.stat().st_size for p in (repo / "scripts").rglob("*") if p.is_file()) // 1024
+    call_mib = (tree_kib + 1023) // 1024 + 3  # leaves parts of 2 MiB (1 MiB of margin)
+    pystub = tmp_path / "py"
+    pystub.write_text(f'#!/bin/bash\nexec python3 {bundle} "${{@:2}}"\n')
+    pystub.chmod(0o755)
+    env = {**os.environ, "CALL_MIB": str(call_mib), "PY": str(pystub)}
+    out = subprocess.run(
+        ["bash", "scripts/gpu_lease.sh", "stage"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "parts of at most 2 MiB" in out.stdout
+    parts = repo / ".gpu-parts"
+    chunks = sorted(parts.glob("*/chunk.*"), key=lambda p: p.name)
+    for kind in ("v", "d"):
+        joined = b"".join(p.read_bytes() for p in chunks if p.name.startswith(f"chunk.{kind}"))
+        assert joined == (repo / f".gpu-blob-{kind}").read_bytes()
+    assert all(p.stat().st_size <= 2 << 20 for p in chunks)
+    folders = sorted(d for d in parts.iterdir() if d.is_dir())
+    sizes = [sum(p.stat().st_size for p in d.iterdir()) for d in folders]
+    assert sizes == sorted(sizes, reverse=True)
+    sums = (gpu / "parts.sha256").read_text().split("\n")
+    for line in filter(None, sums):
+        digest, rel = line.split("  ")
+        assert hashlib.sha256((parts / rel).read_bytes()).hexdigest() == digest
+    # no room: the same tree with a call of its own size
+    small = subprocess.run(
+        ["bash", "scripts/gpu_lease.sh", "stage"],
+        cwd=repo,
+        env={**env, "CALL_MIB": str((tree_kib + 1023) // 1024 + 1)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert small.returncode != 0 and "no room" in small.stdout
