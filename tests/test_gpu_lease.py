@@ -137,43 +137,53 @@ esac
 """
 
 
+def _tree_stage(tmp_path: Path, series_tests: list[str], wheels: list[str], **env: str) -> str:
+    """Run the session script's tree-tests stage on a bundle listing series_tests, with the
+    pytest stand-in STAGE_PYTHON as python3; its log (calls go to tmp_path / calls.log)."""
+    tree = tmp_path / "tree"
+    shutil.copytree(REPO / "scripts", tree / "scripts")
+    bundle = tree / ".gpu-tests"
+    (bundle / "wheels").mkdir(parents=True)
+    for w in wheels:
+        (bundle / "wheels" / w).write_text("")
+    (bundle / "SERIES_TESTS").write_text("".join(f"{t}\n" for t in series_tests))
+    stub = tmp_path / "stub"
+    stub.mkdir()
+    (stub / "python3").write_text(STAGE_PYTHON)
+    (stub / "python3").chmod(0o755)
+    res = tmp_path / "res"
+    res.mkdir()
+    subprocess.run(
+        ["bash", "scripts/gpu_h200_session.sh", "tree-tests"],
+        cwd=tree,
+        env={
+            **os.environ,
+            "PATH": f"{stub}:{os.environ['PATH']}",
+            "RES": str(res),
+            "OUT": str(res),
+            "CALLS": str(tmp_path / "calls.log"),
+            "DCP_VLLM_TREE": str(tree),
+            **env,
+        },
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return (res / "tree-tests-h200.log").read_text()
+
+
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_tree_tests_stage_runs_each_file_and_reports_how(tmp_path: Path) -> None:
     """The tree-tests stage installs the bundle's wheels offline, runs one pytest per file
     with short tracebacks, reruns a file without vLLM's conftest only when that cannot be
     imported (exit 4), cuts a file at the stage's time limit and names the files it never
     started."""
-    tree = tmp_path / "tree"
-    shutil.copytree(REPO / "scripts", tree / "scripts")
-    bundle = tree / ".gpu-tests"
-    (bundle / "wheels").mkdir(parents=True)
-    (bundle / "wheels" / "tblib-3.0.0-py3-none-any.whl").write_text("")
-    (bundle / "SERIES_TESTS").write_text("tests/a.py\ntests/b.py\ntests/slow.py\ntests/c.py\n")
-    stub = tmp_path / "stub"
-    stub.mkdir()
-    (stub / "python3").write_text(STAGE_PYTHON)
-    (stub / "python3").chmod(0o755)
-    calls = tmp_path / "calls.log"
-    res = tmp_path / "res"
-    res.mkdir()
-    env = {
-        **os.environ,
-        "PATH": f"{stub}:{os.environ['PATH']}",
-        "RES": str(res),
-        "OUT": str(res),
-        "CALLS": str(calls),
-        "STAGE_TIMEOUT": "12",
-        "DCP_VLLM_TREE": str(tree),
-    }
-    subprocess.run(
-        ["bash", "scripts/gpu_h200_session.sh", "tree-tests"],
-        cwd=tree,
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=60,
+    log = _tree_stage(
+        tmp_path,
+        ["tests/a.py", "tests/b.py", "tests/slow.py", "tests/c.py"],
+        ["tblib-3.0.0-py3-none-any.whl"],
+        STAGE_TIMEOUT="12",
     )
-    log = (res / "tree-tests-h200.log").read_text()
     summary = [
         line.split(" (")[0] for line in log.splitlines() if line.startswith("== ") and ": " in line
     ]
@@ -184,7 +194,7 @@ def test_tree_tests_stage_runs_each_file_and_reports_how(tmp_path: Path) -> None
         "== tests/c.py: not run",
     ]
     assert "(noconftest," in log and "(conftest," in log
-    lines = calls.read_text().splitlines()
+    lines = (tmp_path / "calls.log").read_text().splitlines()
     assert "pip install -q --no-index --no-deps wheels/tblib-3.0.0-py3-none-any.whl" in lines[0]
     assert all("--tb=short" in line for line in lines[1:])
 
@@ -193,36 +203,13 @@ def test_tree_tests_stage_runs_each_file_and_reports_how(tmp_path: Path) -> None
 def test_tree_tests_first_runs_its_patterns_in_their_order(tmp_path: Path) -> None:
     """TREE_TESTS_FIRST="c|a" runs tests/c.py, then tests/a.py, then the bundle's other
     files in the bundle's order, each file once (a file two patterns match runs once)."""
-    tree = tmp_path / "tree"
-    shutil.copytree(REPO / "scripts", tree / "scripts")
-    bundle = tree / ".gpu-tests"
-    (bundle / "wheels").mkdir(parents=True)
-    (bundle / "SERIES_TESTS").write_text("tests/a.py\ntests/b.py\ntests/c.py\ntests/ca.py\n")
-    stub = tmp_path / "stub"
-    stub.mkdir()
-    (stub / "python3").write_text(STAGE_PYTHON)
-    (stub / "python3").chmod(0o755)
-    res = tmp_path / "res"
-    res.mkdir()
-    env = {
-        **os.environ,
-        "PATH": f"{stub}:{os.environ['PATH']}",
-        "RES": str(res),
-        "OUT": str(res),
-        "CALLS": str(tmp_path / "calls.log"),
-        "STAGE_TIMEOUT": "30",
-        "DCP_VLLM_TREE": str(tree),
-        "TREE_TESTS_FIRST": "c|a",
-    }
-    subprocess.run(
-        ["bash", "scripts/gpu_h200_session.sh", "tree-tests"],
-        cwd=tree,
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=60,
+    log = _tree_stage(
+        tmp_path,
+        ["tests/a.py", "tests/b.py", "tests/c.py", "tests/ca.py"],
+        [],
+        STAGE_TIMEOUT="30",
+        TREE_TESTS_FIRST="c|a",
     )
-    log = (res / "tree-tests-h200.log").read_text()
     started = [line[3:] for line in log.splitlines() if line.startswith("== ") and ": " not in line]
     assert started == ["tests/c.py", "tests/ca.py", "tests/a.py", "tests/b.py"]
 
