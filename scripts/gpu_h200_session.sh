@@ -55,9 +55,8 @@ for stage in "$@"; do
       # TREE_TESTS_FIRST: grep -E patterns separated by "|"; the files each matches run
       # first, in the patterns' order (a lease that changed one kernel tests that file before
       # the stage's time runs out), then the rest in the bundle's order
-      FILES=$(IFS='|'; for p in ${TREE_TESTS_FIRST:-}; do grep -E "$p" "$T/SERIES_TESTS"; done
-        grep -v -E "${TREE_TESTS_FIRST:-^$}" "$T/SERIES_TESTS")
-      FILES=$(printf '%s\n' $FILES | awk 'NF && !seen[$0]++')
+      FILES=$( (IFS='|'; for p in ${TREE_TESTS_FIRST:-}; do grep -E "$p" "$T/SERIES_TESTS"; done
+        grep -v -E "${TREE_TESTS_FIRST:-^$}" "$T/SERIES_TESTS") | awk 'NF && !seen[$0]++')
       for f in $FILES; do
         left=$(( END - $(date +%s) )); if [ $left -le 5 ]; then echo "== $f: not run (stage time out)" >> "$LOG"; continue; fi
         per=$(( left < ${FILE_TIMEOUT:-240} ? left : ${FILE_TIMEOUT:-240} ))

@@ -19,7 +19,8 @@
 # Settings (environment): DCP_GIT_REV (the revision the records name), GATE_SUITES,
 # LEASE_END_S / GATE_COLLECT_S (first: fit the gates' deadline into the lease, see there),
 # BENCH_STAGES (default "kernel topk"), KERNEL_BUDGET_S, TREE_STAGE_S / TREE_FILE_S and
-# TREE_TESTS_FIRST (a grep -E pattern of test files to run first), CALL_S (this call's seconds).
+# TREE_TESTS_FIRST ("|"-separated grep -E patterns of test files to run first, in that
+# order), CALL_S (this call's seconds).
 # `first` receives the staging part its call carries (.gpu-parts/NN; until 2026-12-02 05:30Z it
 # did not, and a call carrying the last part had to run `bash .gpu/device-recv.sh && ...`).
 # `wait` calls need carry nothing: `first` keeps .gpu/device-env.sh under $LEASE_ROOT.
