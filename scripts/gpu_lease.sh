@@ -18,7 +18,7 @@
 # and collects.
 # Settings (environment): DCP_GIT_REV (the revision the records name), GATE_SUITES,
 # LEASE_END_S / GATE_COLLECT_S (first: fit the gates' deadline into the lease, see there),
-# BENCH_STAGES (default "kernel topk"), KERNEL_BUDGET_S, TREE_STAGE_S / TREE_FILE_S and
+# BENCH_STAGES (default "kernel topk"; "none": no bench), KERNEL_BUDGET_S, TREE_STAGE_S / TREE_FILE_S and
 # TREE_TESTS_FIRST ("|"-separated grep -E patterns of test files to run first, in that
 # order), CALL_S (this call's seconds).
 # `first` receives the staging part its call carries (.gpu-parts/NN; until 2026-12-02 05:30Z it
@@ -32,11 +32,14 @@
 # wait (34 staging calls before it). DCP_GIT_REV=d36354c GATE_SUITES=lease-dcp4-final
 # BENCH_STAGES=topk (same TREE_ settings) LEASE_END_S=1530 ... first; wait; CALL_S=395 wait
 # (34 staging calls before it, from a fresh checkout: make wheel, stage-build, the re-cut below).
-# Next: GATE_SUITES=lease-dcp4-last (what that lease's deadline cut, plans.LEASE_DCP4_LAST)
-# with LEASE_END_S=<budget_left_s after the staging calls, less ~25 s of call start-ups>;
-# BENCH_STAGES=topk (0004's selector lost its comparison choices since: time and check the
-# trimmed merge), TREE_TESTS_FIRST="test_dcp_topk_merge|test_triton_sparse_mla" (in that order:
-# the merge file first, since 2026-12-02 11:30Z the patterns run in their order).
+# DCP_GIT_REV=87ffe65 GATE_SUITES=lease-dcp4-last BENCH_STAGES=topk (same TREE_ settings)
+# LEASE_END_S=1540 ... first; wait; CALL_S=412 wait (34 staging calls from a fresh checkout
+# via `stage`, 1700 of the 1800 s).
+# Next: GATE_SUITES=lease-graphs-end (plans.LEASE_GRAPHS_END: V3.2 under FULL graphs at
+# DCP = 4, FlashMLA-sparse and FA-sparse under FULL graphs, the Triton merge at DCP = 4) with
+# LEASE_END_S=<budget_left_s after the staging calls, less ~25 s of call start-ups>;
+# BENCH_STAGES=none (the trimmed merge was timed at 12:35Z; no bench gives the gates its
+# 72 s).
 # A call carries at most 64 MiB: this tree plus one staging part. ../shared/gpu's
 # stage-build.sh cuts 60 MiB parts, too large beside this tree (18.7 MiB with .gpu on
 # 2026-12-02 11:30Z; each landed lease adds ~1.5 MiB), so, here, before the lease:
@@ -198,8 +201,10 @@ case "${1:?first|wait}" in
       --work "$GATE" > "$RES/checkpoints.log" 2>&1 < /dev/null &
     ckpt_pid=$!
     # BENCH_STAGES: the benches to run (default both; a lease that changed only the merge
-    # runs topk alone and gives the kernel's minutes to the gates)
-    RES="$RES/session" bash scripts/gpu_h200_session.sh ${BENCH_STAGES:-kernel topk}
+    # runs topk alone and gives the kernel's minutes to the gates; "none": no bench)
+    stages=${BENCH_STAGES:-kernel topk}; [ "$stages" = none ] && stages=
+    # shellcheck disable=SC2086  # the stage names, word-split on purpose
+    RES="$RES/session" bash scripts/gpu_h200_session.sh $stages
     tail -1 "$RES/prewarm-flashinfer.log" 2>/dev/null
     wait "$ckpt_pid" || { echo "checkpoints failed"; tail -5 "$RES/checkpoints.log"; }
     # LEASE_END_S: seconds after this call's start by which the lease's last call ends (the

@@ -231,6 +231,26 @@ def _runs_every_reference(q: dict) -> list[str]:
     return names
 
 
+def _check_sensitivity_and_configs(q: dict) -> dict[str, dict]:
+    """Checks that each gated checkpoint has a run with a sensitivity pass and that every run
+    is a valid engine configuration (GateConfig raises on a bad one); returns the runs by
+    name."""
+    from gate import plan
+
+    runs = {r["name"]: r for r in q["runs"]}
+    for gate, spec in q["gates"].items():
+        ref = runs[spec["ref"] if isinstance(spec, dict) else spec[0]]
+        same = [r for r in q["runs"] if r["model"] == ref["model"]]
+        assert any("sensitivity" in r["passes"] for r in same), gate
+    fields = {f.name for f in dataclasses.fields(plan.GateConfig)}
+    for run in q["runs"]:
+        plan.GateConfig(**{k: v for k, v in run.items() if k in fields})
+        assert not plan.engine_extra_problems(
+            run.get("engine_extra", {}), run.get("variant", "stock"), run["dcp"]
+        ), run["name"]
+    return runs
+
+
 def test_the_open_queue_holds_every_reference_and_puts_accepted_drafts_first() -> None:
     """lease-open (what issue 12 lacks after the 2026-12-02 lease) runs every run its gates
     and noise pairs compare, the accepted-draft MTP rows before the DCP = 4 rows and the
@@ -246,11 +266,7 @@ def test_the_open_queue_holds_every_reference_and_puts_accepted_drafts_first() -
     assert "v32n-tp4-dcp4-eager" in q["gates"]
     # every gate can measure its sensitivity (dcp_gate._best_sensitivity: a run of its
     # checkpoint in the queue with a sensitivity pass)
-    runs = {r["name"]: r for r in q["runs"]}
-    for gate, spec in q["gates"].items():
-        ref = runs[spec["ref"] if isinstance(spec, dict) else spec[0]]
-        same = [r for r in q["runs"] if r["model"] == ref["model"]]
-        assert any("sensitivity" in r["passes"] for r in same), gate
+    _check_sensitivity_and_configs(q)
     kinds = {spec.get("kind", "dcp") for spec in q["gates"].values() if isinstance(spec, dict)}
     assert {"spec", "accept"} <= kinds
 
@@ -305,24 +321,13 @@ def test_the_dcp4_final_queue_holds_every_reference_and_puts_accepted_drafts_fir
         "p-glmn-tp4-dcp4-flash_attn_mla_sparse-bf16",
         "v32n-tp4-dcp4-graphs",
     } <= set(q["gates"])
-    runs = {r["name"]: r for r in q["runs"]}
-    for gate, spec in q["gates"].items():
-        ref = runs[spec["ref"] if isinstance(spec, dict) else spec[0]]
-        same = [r for r in q["runs"] if r["model"] == ref["model"]]
-        assert any("sensitivity" in r["passes"] for r in same), gate
+    runs = _check_sensitivity_and_configs(q)
     # the 32k rows serve the 32k prompt alone, and their noise pair compares it with TP = 1
     long = runs["p-glmn-tp4-dcp4-32k"]
     assert long["lens"] == [32000] and long["batch_lens"] == []
     from gate import plan
 
     assert "lens" not in runs["p-glmn-tp1-dcp1"] and 32000 in plan.SINGLE_LENS
-    # every run is a valid engine configuration (GateConfig raises on a bad one)
-    fields = {f.name for f in dataclasses.fields(plan.GateConfig)}
-    for run in q["runs"]:
-        plan.GateConfig(**{k: v for k, v in run.items() if k in fields})
-        assert not plan.engine_extra_problems(
-            run.get("engine_extra", {}), run.get("variant", "stock"), run["dcp"]
-        ), run["name"]
     # the DCP = 2 accept suite keeps its names (results/ holds its gates)
     two = plans.SUITES["patched-mtp-accept"]
     assert "p-glmnm-tp2-dcp2-mtp2-accept" in two["gates"]
@@ -368,3 +373,34 @@ def test_the_dcp4_last_queue_runs_what_the_0958z_deadline_cut_with_its_reference
         "v32n-tp4-dcp4-graphs",
         "p-glmn-tp4-dcp4-merge-triton",
     } <= set(q["gates"])
+
+
+def test_the_graphs_end_queue_runs_the_open_rows_with_their_references() -> None:
+    """lease-graphs-end runs every reference its gates compare, V3.2 under FULL graphs at
+    DCP = 4 first after the warm-up, FlashMLA-sparse (32 local heads) and FA-sparse bf16
+    under FULL graphs before the Triton merge at DCP = 4, a fault pass in every DCP > 1 run,
+    no run whose gate the 12:35Z lease made meaningful (MTP at DCP = 4, FA-sparse eager at
+    DCP = 4), and a sensitivity pass on each checkpoint it gates."""
+    from gate import plans
+
+    assert plans.LEASES["lease-graphs-end"] is plans.LEASE_GRAPHS_END
+    q = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_GRAPHS_END])
+    names = _runs_every_reference(q)
+    after_warmup = [r["name"] for r in q["runs"] if not r.get("warmup")]
+    assert after_warmup[:2] == ["v32n-tp4-dcp1-graphs", "v32n-tp4-dcp4-graphs"]
+    assert names.index("p-glmn-tp2-dcp2-fa-graphs") < names.index("p-glmn-tp4-dcp4-merge-triton")
+    assert names[-1] == "p-glmn-tp4-dcp4-fa-graphs"
+    assert all("fault" in r["passes"] for r in q["runs"] if r["dcp"] > 1)
+    assert not any("-mtp" in n or n.endswith("-fa") for n in names)
+    graphs = {r["name"]: r for r in q["runs"] if r["graphs"]}
+    assert graphs["p-glmn-tp2-dcp2-flashmla-graphs"]["backend"] == "FLASHMLA_SPARSE"
+    assert graphs["p-glmn-tp2-dcp2-flashmla-graphs"]["variant"] == "patched"
+    assert graphs["p-glmn-tp2-dcp2-fa-graphs"]["kv_cache_dtype"] == "auto"
+    assert {
+        "v32n-tp4-dcp4-graphs",
+        "p-glmn-tp2-dcp2-graphs-flashmla_sparse",
+        "p-glmn-tp2-dcp2-graphs-flash_attn_mla_sparse-bf16",
+        "p-glmn-tp4-dcp4-graphs-flash_attn_mla_sparse-bf16",
+        "p-glmn-tp4-dcp4-merge-triton",
+    } <= set(q["gates"])
+    _check_sensitivity_and_configs(q)

@@ -113,6 +113,16 @@ def test_first_call_orders_benches_before_gates_and_returns_few_files(tmp_path: 
     start = next(line for line in calls.read_text().splitlines() if "dcp_gate.py start" in line)
     fit = int(start.split("--deadline-s ")[1].split()[0])
     assert 300 - 90 - 15 <= fit <= 300 - 90
+    # BENCH_STAGES=none runs no bench and still starts the gates
+    calls.write_text("")
+    shutil.rmtree(out)
+    out.mkdir()
+    quiet = first_call(tree, {**env, "BENCH_STAGES": "none"})
+    quiet.check_returncode()
+    assert "unknown stage" not in quiet.stdout + quiet.stderr
+    text = calls.read_text()
+    assert "bench_" not in text and "dcp_gate.py start" in text
+    assert not (out / "kernel.tar.gz").exists() and not (out / "topk.tar.gz").exists()
     calls.write_text("")
     late = first_call(tree, {**env, "LEASE_END_S": "80"})
     assert late.returncode == 1 and "no time left for the gates" in late.stdout

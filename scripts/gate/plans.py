@@ -864,6 +864,61 @@ LEASE_DCP4_LAST = [
     "patched-dcp4-merges",
 ]
 
+# After the 2026-12-02 12:35Z lease (MTP k = 1/4/5 and FA-sparse bf16 gated at DCP = 4
+# there): the rows still open, in the matrix's order of need. V3.2 under FULL graphs at
+# DCP = 4 (cut by the deadline in its clean pass, after serving the 1k, 8k and 32k prompts
+# under graphs without a hang); the attention paths gated eager only so far, under FULL
+# graphs: FlashMLA-sparse with 32 local heads (TP = 2 DCP = 2, the case stock refuses) and
+# FA-sparse on a bf16 cache (DCP = 2, then DCP = 4 last); the Triton merge at DCP = 4.
+# Both backends declare UNIFORM_BATCH CUDA-graph support in 0.33, so FULL_AND_PIECEWISE
+# captures their uniform decode batches.
+SUITES["patched-flashmla-graphs"] = _dcp_pair(
+    2,
+    2,
+    "flashmla-graphs",
+    "p-glmn-tp2-dcp2-graphs-flashmla_sparse",
+    "FlashMLA TP=2 graphs repeated",
+    graphs=True,
+    **FLASHMLA,
+)
+SUITES["patched-fa-graphs"] = _dcp_pair(
+    2,
+    2,
+    "fa-graphs",
+    "p-glmn-tp2-dcp2-graphs-flash_attn_mla_sparse-bf16",
+    "FA bf16 TP=2 graphs repeated",
+    graphs=True,
+    backend="FLASH_ATTN_MLA_SPARSE",
+    kv_cache_dtype="auto",
+)
+SUITES["patched-fa-graphs-dcp4"] = _dcp_pair(
+    4,
+    4,
+    "fa-graphs",
+    "p-glmn-tp4-dcp4-graphs-flash_attn_mla_sparse-bf16",
+    "FA bf16 TP=4 graphs repeated",
+    graphs=True,
+    backend="FLASH_ATTN_MLA_SPARSE",
+    kv_cache_dtype="auto",
+    **LIGHT,
+)
+# the TP = 1 reference whose sensitivity pass the glmn gates above state
+SUITES["patched-tp1"] = {
+    "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
+    "runs": [next(r for r in PATCHED_MATRIX["runs"] if r["name"] == "p-glmn-tp1-dcp1")],
+    "noise": {},
+    "gates": {},
+}
+LEASE_GRAPHS_END = [
+    "patched-tp1",
+    "needle-v32-tp4-graphs",
+    "patched-flashmla-graphs",
+    "patched-fa-graphs",
+    "patched-dcp4-core",
+    "patched-dcp4-merges",
+    "patched-fa-graphs-dcp4",
+]
+
 # The queues `--suites <name>` accepts, each what the leases before it did not reach.
 LEASES: dict[str, list[str]] = {
     "lease": LEASE,
@@ -873,4 +928,5 @@ LEASES: dict[str, list[str]] = {
     "lease-dcp4-rest": LEASE_DCP4_REST,
     "lease-dcp4-final": LEASE_DCP4_FINAL,
     "lease-dcp4-last": LEASE_DCP4_LAST,
+    "lease-graphs-end": LEASE_GRAPHS_END,
 }
