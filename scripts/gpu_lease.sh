@@ -39,7 +39,10 @@
 # DCP = 4, FlashMLA-sparse and FA-sparse under FULL graphs, the Triton merge at DCP = 4) with
 # LEASE_END_S=<budget_left_s after the staging calls, less ~25 s of call start-ups>;
 # BENCH_STAGES=none (the trimmed merge was timed at 12:35Z; no bench gives the gates its
-# 72 s).
+# 72 s); TREE_TESTS_FIRST="test_triton_mla_sparse_fp8_ds_mla|test_flashattn_mla_sparse_dcp|
+# test_flashmla_sparse_dcp_heads|test_eagle_step|test_dcp_packed_ckv|test_dcp_fp8_wire|
+# test_sparse_mla_backends|test_adaptive_depth|test_dcp_comm_ledger" (one line, no breaks: the
+# files whose CUDA parts no 0.33.0 lease has reached; the kernel and merge files ran at 12:35Z).
 # A call carries at most 64 MiB: this tree plus one staging part. ../shared/gpu's
 # stage-build.sh cuts 60 MiB parts, too large beside this tree (18.7 MiB with .gpu on
 # 2026-12-02 11:30Z; each landed lease adds ~1.5 MiB), so, here, before the lease:
