@@ -55,6 +55,24 @@ def test_identical_prompts_are_equivalent():
     assert got["first_token_difference"] is None and got["compared_steps"] == 2
 
 
+def test_the_largest_difference_is_located_and_the_entries_counted():
+    """The comparison names the step, id and both log-probs of its largest difference, and
+    counts the compared and the equal (step, id) entries; NaN entries count, never win."""
+    cand = copy.deepcopy(REF)
+    cand["steps"][1]["top"][1][1] += 0.0625  # id 1 at step 1
+    cand["steps"][0]["top"][2][1] += 0.03125  # id 4 at step 0
+    got = verdict.compare_prompt(REF, cand, atol=0.1)["largest_difference"]
+    assert got["at"] == {"step": 1, "id": 1, "ref": -2.0, "cand": -2.0 + 0.0625}
+    assert got["entries_compared"] == 6 and got["entries_equal"] == 4
+    same = verdict.compare_prompt(REF, copy.deepcopy(REF), atol=0.1)["largest_difference"]
+    assert same["entries_equal"] == same["entries_compared"] == 6
+    assert same["at"]["step"] == 0  # all equal: the first entry compared
+    nan = copy.deepcopy(cand)
+    nan["steps"][0]["top"][0][1] = math.nan
+    got = verdict.largest_difference(REF["steps"], nan["steps"])
+    assert got["at"]["id"] == 1 and got["entries_compared"] == 6 and got["entries_equal"] == 3
+
+
 def test_drift_past_the_tolerance_fails_and_within_passes():
     assert verdict.compare_prompt(REF, shifted(REF, 0.005), atol=0.01)["equivalent"]
     bad = verdict.compare_prompt(REF, shifted(REF, 0.05), atol=0.01)

@@ -99,6 +99,25 @@ def step_difference(a: dict[str, Any], b: dict[str, Any]) -> tuple[float | None,
     return max(diffs), len(common)
 
 
+def largest_difference(
+    a_steps: list[dict[str, Any]], b_steps: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Where the largest |delta log-prob| over the ids in both top-k lists sits, over the
+    given steps: its step, id and both log-probs (None without a finite one), plus how many
+    (step, id) entries were compared and how many of them are equal."""
+    where: dict[str, Any] | None = None
+    best, compared, equal = -1.0, 0, 0
+    for i, (sa, sb) in enumerate(zip(a_steps, b_steps, strict=False)):
+        ta, tb = _top(sa), _top(sb)
+        for t in sorted(set(ta) & set(tb)):
+            d = abs(ta[t] - tb[t])
+            compared += 1
+            equal += d == 0.0
+            if d > best:  # False for NaN: a NaN entry is counted, never the largest
+                best, where = d, {"step": i, "id": t, "ref": ta[t], "cand": tb[t]}
+    return {"at": where, "entries_compared": compared, "entries_equal": equal}
+
+
 def step_move_lower_bound(a: dict[str, Any], b: dict[str, Any]) -> float:
     """A lower bound of the largest |delta log-prob| over the whole vocabulary at one step,
     from the two top-k lists: exact for the ids in both, and for an id in only one list at
@@ -169,6 +188,7 @@ def compare_prompt(a: dict[str, Any], b: dict[str, Any], atol: float) -> dict[st
         "min_common_top_ids": min_common,
         "first_step_max_abs_logprob_diff": first_step,
         "max_abs_logprob_diff": max_diff,
+        "largest_difference": largest_difference(a["steps"][:upto], b["steps"][:upto]),
         "equivalent": not reasons,
         "reasons": reasons,
     }
