@@ -564,8 +564,8 @@ def _best_sensitivity(runs: dict[str, Any], ckpt: str, atol: float, ref_name: st
 
 
 def resolve_suite(args: argparse.Namespace) -> dict[str, Any]:
-    """--suite NAME (or a JSON file), or --suites A,B,C, or --suites <a queue of
-    plans.LEASES> (``lease``, ``lease-next``, ..., ``lease-dcp4-last``) as one queue."""
+    """--suite NAME (or a JSON file), or --suites A,B,C, or --suites <a named queue of
+    plans.LEASES> as one queue."""
     names = getattr(args, "suites", None)
     if names:
         named = plans.LEASES

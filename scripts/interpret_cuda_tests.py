@@ -19,6 +19,7 @@ the worst over the files; a copy in which a CUDA device string or skip survived 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import subprocess
@@ -81,11 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("files", nargs="+", help="tests/... paths in the tree, optionally ::EXPR")
     ap.add_argument("--log", type=Path, help="also write the output here")
     args = ap.parse_args(argv)
-    rc = 0
-    with open(args.log, "w") if args.log else open(os.devnull, "w") as side:
-        for spec in args.files:
-            proc_rc = run_file(args.tree.resolve(), spec, side if args.log else sys.stdout)
-            rc = max(rc, proc_rc)
+    with open(args.log, "w") if args.log else contextlib.nullcontext(sys.stdout) as out:
+        rc = max(run_file(args.tree.resolve(), spec, out) for spec in args.files)
     if args.log:
         print(args.log.read_text())
     return rc

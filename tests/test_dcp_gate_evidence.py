@@ -219,6 +219,13 @@ def test_the_rest_queue_puts_mtp_before_the_v32_graph_rows_and_dcp4() -> None:
     assert sorted(order) == sorted(r["name"] for r in without)
 
 
+def _queue(name: str) -> dict:
+    """The named queue of plans.LEASES as the one suite `dcp_gate.py --suites NAME` runs."""
+    from gate import plans
+
+    return plans.merge_suites([plans.SUITES[n] for n in plans.LEASES[name]])
+
+
 def _runs_every_reference(q: dict) -> list[str]:
     """The queue's run names, after checking that it runs both sides of every gate and of
     every noise pair."""
@@ -256,9 +263,7 @@ def test_the_open_queue_holds_every_reference_and_puts_accepted_drafts_first() -
     and noise pairs compare, the accepted-draft MTP rows before the DCP = 4 rows and the
     series' TP = 4 DCP = 4 run before V3.2's, and each of its DCP > 1 runs has a fault pass
     (a gate without one is never meaningful)."""
-    from gate import plans
-
-    q = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_OPEN])
+    q = _queue("lease-open")
     names = _runs_every_reference(q)
     assert names.index("p-glmn-tp4-dcp4") < names.index("v32n-tp4-dcp4")
     assert names.index("p-glmnm-tp2-dcp2-mtp2") < names.index("p-glmn-tp4-dcp4")
@@ -276,9 +281,7 @@ def test_the_dcp4_rest_queue_holds_every_reference_and_runs_no_passed_row_again(
     pairs compare, MTP k = 2 and the adaptive ladder at DCP = 4 before V3.2's DCP = 4 run,
     every MTP depth at DCP = 4, a fault pass in every DCP > 1 run, and none of the route, wire
     or merge runs that lease finished."""
-    from gate import plans
-
-    q = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_DCP4_REST])
+    q = _queue("lease-dcp4-rest")
     names = _runs_every_reference(q)
     assert names.index("p-glmn-tp4-dcp4-mtpadaptive") < names.index("v32n-tp4-dcp4")
     depths = {f"p-glmn-tp4-dcp4-mtp{k}" for k in (1, 2, 4, 5, "adaptive")}
@@ -296,7 +299,7 @@ def test_the_dcp4_final_queue_holds_every_reference_and_puts_accepted_drafts_fir
     DCP = 4 row of the matrix."""
     from gate import plans
 
-    q = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_DCP4_FINAL])
+    q = _queue("lease-dcp4-final")
     names = _runs_every_reference(q)
     after_warmup = [r["name"] for r in q["runs"] if not r.get("warmup")]
     assert after_warmup[:4] == [
@@ -349,7 +352,7 @@ def test_the_dcp4_last_queue_runs_what_the_0958z_deadline_cut_with_its_reference
     assert plans.LEASES["lease-dcp4-last"] is plans.LEASE_DCP4_LAST
     for queue in plans.LEASES.values():
         assert all(n in plans.SUITES for n in queue)
-    q = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_DCP4_LAST])
+    q = _queue("lease-dcp4-last")
     names = _runs_every_reference(q)
     after_warmup = [r["name"] for r in q["runs"] if not r.get("warmup")]
     assert after_warmup[:5] == [
@@ -384,7 +387,7 @@ def test_the_graphs_end_queue_runs_the_open_rows_with_their_references() -> None
     from gate import plans
 
     assert plans.LEASES["lease-graphs-end"] is plans.LEASE_GRAPHS_END
-    q = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_GRAPHS_END])
+    q = _queue("lease-graphs-end")
     names = _runs_every_reference(q)
     after_warmup = [r["name"] for r in q["runs"] if not r.get("warmup")]
     assert after_warmup[:2] == ["v32n-tp4-dcp1-graphs", "v32n-tp4-dcp4-graphs"]

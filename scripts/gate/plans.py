@@ -272,6 +272,10 @@ PATCHED_MATRIX: dict[str, Any] = {
     },
 }
 
+# The series' TP = 1 reference on glmn (clean, repeat, sensitivity): the noise pairs and the
+# sensitivity of the later queues' glmn gates compare against it.
+P_GLMN_TP1 = next(r for r in PATCHED_MATRIX["runs"] if r["name"] == "p-glmn-tp1-dcp1")
+
 
 def _variant_rows(tp: int, dcp: int, merges: list[str], mtps: list, routes: bool) -> dict:
     """Merge backends, routes + wire (ledger on), MTP depths at TP=tp DCP=dcp, each against
@@ -360,7 +364,7 @@ PATCHED_DCP4: dict[str, Any] = {
     "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
     "runs": [
         # patched-matrix's TP=1 run, for the TP=4 vs TP=1 noise pair
-        next(r for r in PATCHED_MATRIX["runs"] if r["name"] == "p-glmn-tp1-dcp1"),
+        P_GLMN_TP1,
         # its own sensitivity pass: measured at the gates' TP as well
         _p("p-glmn-tp4-dcp1", 4, 1, ["clean", "repeat", "sensitivity"], **LIGHT),
         _p("p-glmn-tp4-dcp4", 4, 4, ["clean", "fault"], LEDGER, **LIGHT),
@@ -756,7 +760,7 @@ SUITES["patched-dcp4-32k"] = {
     "runs": [
         _p("p-glmn-tp4-dcp1-32k", 4, 1, ["clean"], **_LONG),
         _p("p-glmn-tp4-dcp4-32k", 4, 4, ["clean", "fault"], **_LONG),
-        next(r for r in PATCHED_MATRIX["runs"] if r["name"] == "p-glmn-tp1-dcp1"),
+        P_GLMN_TP1,
     ],
     "noise": _patched_noise(
         {"TP=4 DCP=1 vs TP=1 (32k)": ["p-glmn-tp1-dcp1", "p-glmn-tp4-dcp1-32k", "clean", "clean"]}
@@ -905,7 +909,7 @@ SUITES["patched-fa-graphs-dcp4"] = _dcp_pair(
 # the TP = 1 reference whose sensitivity pass the glmn gates above state
 SUITES["patched-tp1"] = {
     "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
-    "runs": [next(r for r in PATCHED_MATRIX["runs"] if r["name"] == "p-glmn-tp1-dcp1")],
+    "runs": [P_GLMN_TP1],
     "noise": {},
     "gates": {},
 }
