@@ -177,7 +177,7 @@ gate_wait() {
   [ "$s" -gt 10 ] && python3 scripts/dcp_gate.py wait --work "$GATE" --seconds "$s" --dest "$DEST" \
     | tail -40
 }
-case "${1:?first|wait}" in
+case "${1:?first|wait|tests}" in
   first)
     deadline=${2:-}
     [ -n "$deadline" ] || [ -n "${LEASE_END_S:-}" ] || { echo "first GATE_DEADLINE_S (or LEASE_END_S)"; exit 2; }
@@ -243,5 +243,23 @@ case "${1:?first|wait}" in
     gate_wait
     tail -3 "$RES/tree-tests/tree-tests-h200.log" 2>/dev/null
     pack ;;
-  *) echo "unknown phase $1 (first | wait)"; exit 2 ;;
+  tests)
+    # the tree tests alone, no gates and no bench: a lease whose gates are done and whose
+    # tests want the GPU to themselves (install as in first; carry the last part, .gpu,
+    # .gpu-overlay and .gpu-tests). TREE_STAGE_S bounds the stage (default what the call
+    # leaves less 40 s), TREE_FILE_S each file (default 240).
+    if ls .gpu-parts/[0-9]*/chunk.* > /dev/null 2>&1; then
+      bash .gpu/device-recv.sh || { echo "receiving the carried part failed"; exit 1; }
+    fi
+    bash .gpu/device-install.sh && bash .gpu/device-overlay.sh > "$RES/overlay.log" 2>&1 \
+      || { echo "install/overlay failed"; tail "$RES/overlay.log"; exit 1; }
+    source .gpu/device-env.sh
+    mkdir -p "$RES/tree-tests"
+    OUT="$RES/tree-tests" RES="$RES/tree-tests" TREE_TESTS="$PWD/.gpu-tests" \
+      STAGE_TIMEOUT=${TREE_STAGE_S:-$(( $(left) - 40 ))} FILE_TIMEOUT=${TREE_FILE_S:-240} \
+      bash scripts/gpu_h200_session.sh tree-tests > "$RES/tree-tests/stage.log" 2>&1 < /dev/null
+    grep -h "^== .*: " "$RES/tree-tests/tree-tests-h200.log" 2>/dev/null
+    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv > "$RES/nvidia-smi.txt" 2>&1
+    tar czf "$OUT/lease-logs.tgz" -C "$RES" . ;;
+  *) echo "unknown phase $1 (first | wait | tests)"; exit 2 ;;
 esac
