@@ -35,14 +35,19 @@
 # DCP_GIT_REV=87ffe65 GATE_SUITES=lease-dcp4-last BENCH_STAGES=topk (same TREE_ settings)
 # LEASE_END_S=1540 ... first; wait; CALL_S=412 wait (34 staging calls from a fresh checkout
 # via `stage`, 1700 of the 1800 s).
-# Next: GATE_SUITES=lease-graphs-end (plans.LEASE_GRAPHS_END: V3.2 under FULL graphs at
-# DCP = 4, FlashMLA-sparse and FA-sparse under FULL graphs, the Triton merge at DCP = 4) with
-# LEASE_END_S=<budget_left_s after the staging calls, less ~25 s of call start-ups>;
-# BENCH_STAGES=none (the trimmed merge was timed at 12:35Z; no bench gives the gates its
-# 72 s); TREE_TESTS_FIRST="test_triton_mla_sparse_fp8_ds_mla|test_flashattn_mla_sparse_dcp|
-# test_flashmla_sparse_dcp_heads|test_eagle_step|test_dcp_packed_ckv|test_dcp_fp8_wire|
-# test_sparse_mla_backends|test_adaptive_depth|test_dcp_comm_ledger" (one line, no breaks: the
-# files whose CUDA parts no 0.33.0 lease has reached; the kernel and merge files ran at 12:35Z).
+# DCP_GIT_REV=281ab7b GATE_SUITES=lease-graphs-end BENCH_STAGES=none TREE_TESTS_FIRST=
+# "test_triton_mla_sparse_fp8_ds_mla|test_flashattn_mla_sparse_dcp|test_flashmla_sparse_dcp_heads|
+# test_eagle_step|test_dcp_packed_ckv|test_dcp_fp8_wire|test_sparse_mla_backends|test_adaptive_depth|
+# test_dcp_comm_ledger" (one line) TREE_STAGE_S=600 LEASE_END_S=1535 ... first; wait (all 13
+# runs done); then, re-staged, CALL_S=238 DCP_GIT_REV=fa407d8 TREE_TESTS_FIRST=
+# "test_flashattn_mla_sparse_dcp|test_dcp_comm_ledger|test_adaptive_depth|test_dcp_topk_merge"
+# TREE_FILE_S=90 ... tests (2026-12-02 15:27Z and 15:51Z).
+# Next: TREE_TESTS_ONLY="tests/v1/attention/test_sparse_mla_backends.py::test_fp8_dcp_head_envelope
+# tests/kernels/attention/test_triton_sparse_mla.py" (one line) TREE_FILE_S=420 ... tests (the
+# two CUDA test parts no lease reached: design/dcp-gates.md "Not run yet"; TREE_TESTS_ONLY,
+# node ids run instead of the bundle, is the session script's).
+# `tests`: install and the tree tests alone (no bench, no gate), in the foreground, for
+# CALL_S less 40 s (or TREE_STAGE_S); carries what `first` carries.
 # A call carries at most 64 MiB: this tree plus one staging part. ../shared/gpu's
 # stage-build.sh cuts 60 MiB parts, too large beside this tree (18.7 MiB with .gpu on
 # 2026-12-02 11:30Z; each landed lease adds ~1.5 MiB), so, here, before the lease:
@@ -254,9 +259,11 @@ case "${1:?first|wait|tests}" in
     bash .gpu/device-install.sh && bash .gpu/device-overlay.sh > "$RES/overlay.log" 2>&1 \
       || { echo "install/overlay failed"; tail "$RES/overlay.log"; exit 1; }
     source .gpu/device-env.sh
+    stage_s=${TREE_STAGE_S:-$(( $(left) - 40 ))}
+    [ "$stage_s" -ge 30 ] || { echo "no time left for the tree tests (${stage_s} s)"; exit 1; }
     mkdir -p "$RES/tree-tests"
     OUT="$RES/tree-tests" RES="$RES/tree-tests" TREE_TESTS="$PWD/.gpu-tests" \
-      STAGE_TIMEOUT=${TREE_STAGE_S:-$(( $(left) - 40 ))} FILE_TIMEOUT=${TREE_FILE_S:-240} \
+      STAGE_TIMEOUT=$stage_s FILE_TIMEOUT=${TREE_FILE_S:-240} \
       bash scripts/gpu_h200_session.sh tree-tests > "$RES/tree-tests/stage.log" 2>&1 < /dev/null
     grep -h "^== .*: " "$RES/tree-tests/tree-tests-h200.log" 2>/dev/null
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv > "$RES/nvidia-smi.txt" 2>&1

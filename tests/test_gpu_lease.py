@@ -39,12 +39,10 @@ def first_call(tree: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-def test_first_call_orders_benches_before_gates_and_returns_few_files(tmp_path: Path) -> None:
-    """FlashInfer's all-reduce module is built (detached) and the gate checkpoints are made
-    beside the benches, the benches run before `dcp_gate.py start` (alone on the GPU), the
-    tree tests run detached after it, and $OUT holds the bench archives, the logs and
-    nothing else."""
+def stub_lease_tree(tmp_path: Path) -> tuple[Path, dict[str, str], Path, Path]:
+    """A working tree as a lease call carries it (scripts, .gpu stubs, the last staging part,
+    the overlay and the test bundle) and an environment whose python3 and nvidia-smi are
+    stubs that log their calls: (tree, env, out, calls)."""
     tree = tmp_path / "tree"
     shutil.copytree(REPO / "scripts", tree / "scripts")
     for name in ("device-install", "device-overlay"):
@@ -76,6 +74,16 @@ def test_first_call_orders_benches_before_gates_and_returns_few_files(tmp_path: 
         "CALL_S": "40",
         "CALLS": str(calls),
     }
+    return tree, env, out, calls
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_first_call_orders_benches_before_gates_and_returns_few_files(tmp_path: Path) -> None:
+    """FlashInfer's all-reduce module is built (detached) and the gate checkpoints are made
+    beside the benches, the benches run before `dcp_gate.py start` (alone on the GPU), the
+    tree tests run detached after it, and $OUT holds the bench archives, the logs and
+    nothing else."""
+    tree, env, out, calls = stub_lease_tree(tmp_path)
     first_call(tree, env).check_returncode()
     log = tmp_path / "root" / "lease" / "tree-tests" / "tree-tests-h200.log"
     for _ in range(50):  # the detached tree tests
@@ -133,6 +141,48 @@ def test_first_call_orders_benches_before_gates_and_returns_few_files(tmp_path: 
     bad = first_call(tree, env)
     assert bad.returncode == 1 and "carry .gpu-overlay and .gpu-tests" in bad.stdout
     assert "bench_" not in calls.read_text()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_tests_phase_installs_and_runs_only_the_tree_tests(tmp_path: Path) -> None:
+    """`gpu_lease.sh tests` receives the carried part, installs, runs the tree tests in the
+    foreground and returns their logs alone: no bench, no gate, no checkpoint."""
+    tree, env, out, calls = stub_lease_tree(tmp_path)
+
+    def tests_call(**extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", "scripts/gpu_lease.sh", "tests"],
+            cwd=tree,
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    # a call too short for the stage (its default: the call's seconds less 40) says so
+    short = tests_call(CALL_S="60")
+    assert short.returncode == 1 and "no time left for the tree tests" in short.stdout
+    assert "-m pytest" not in calls.read_text()
+    calls.write_text("")
+    done = tests_call(CALL_S="120")
+    done.check_returncode()
+    lines = calls.read_text().splitlines()
+    assert lines[0].startswith("device-recv ")
+    assert any("-m pytest" in line and "tests/x.py" in line for line in lines)
+    assert not any("bench_" in line or "dcp_gate.py" in line for line in lines)
+    assert "== tests/x.py: rc=0" in done.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["lease-logs.tgz"]
+    with tarfile.open(out / "lease-logs.tgz") as tar:
+        assert "./tree-tests/tree-tests-h200.log" in tar.getnames()
+    wrong = subprocess.run(
+        ["bash", "scripts/gpu_lease.sh", "later"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert wrong.returncode == 2 and "first | wait | tests" in wrong.stdout
 
 
 STAGE_PYTHON = """#!/bin/bash
@@ -222,6 +272,20 @@ def test_tree_tests_first_runs_its_patterns_in_their_order(tmp_path: Path) -> No
     )
     started = [line[3:] for line in log.splitlines() if line.startswith("== ") and ": " not in line]
     assert started == ["tests/c.py", "tests/ca.py", "tests/a.py", "tests/b.py"]
+
+
+def test_tree_tests_only_runs_the_named_node_ids_alone(tmp_path: Path) -> None:
+    """TREE_TESTS_ONLY="tests/b.py::t tests/a.py" runs those two node ids, in that order,
+    and no other file of the bundle."""
+    log = _tree_stage(
+        tmp_path,
+        ["tests/a.py", "tests/b.py", "tests/c.py"],
+        [],
+        STAGE_TIMEOUT="30",
+        TREE_TESTS_ONLY="tests/b.py::t tests/a.py",
+    )
+    started = [line[3:] for line in log.splitlines() if line.startswith("== ") and ": " not in line]
+    assert started == ["tests/b.py::t", "tests/a.py"]
 
 
 STAGE_BUILD = """#!/bin/bash
