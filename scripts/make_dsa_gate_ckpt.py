@@ -11,7 +11,8 @@ it was made):
   the 1k/8k/32k gate prompts, so the selection decides what attention sees), ``indexer_types``
   with full and shared layers, one MTP (NextN) layer.
 * ``v32`` (``DeepseekV32ForCausalLM``): DeepSeek-V3.2 geometry: 32 query heads, qk_nope 128,
-  v 128, indexer 64 x 128, ``index_topk`` 2048.
+  v 128, indexer 64 x 128, ``index_topk`` 2048. ``--heads 128`` gives the real model's head
+  count (32 local heads at TP = 4: the case stock FlashMLA-sparse refuses under DCP).
 
 Stock vLLM 0.33.0 ignores ``indexer_types`` (every layer builds and runs an indexer), so by
 default every layer ships indexer tensors and the checkpoint is well defined on stock and on a
@@ -83,8 +84,9 @@ COMMON: dict[str, Any] = {
 }
 
 
-def make_config(arch: str, layers: int = 4) -> dict[str, Any]:
-    """The HF config of one geometry (dense MLPs on every layer; see the module docstring)."""
+def make_config(arch: str, layers: int = 4, heads: int | None = None) -> dict[str, Any]:
+    """The HF config of one geometry (dense MLPs on every layer; see the module docstring);
+    ``heads`` overrides the geometry's query head count (e.g. DeepSeek-V3.2's real 128)."""
     cfg = dict(COMMON, num_hidden_layers=layers, first_k_dense_replace=layers)
     if arch == "glm":
         cfg.update(
@@ -111,6 +113,10 @@ def make_config(arch: str, layers: int = 4) -> dict[str, Any]:
         )
     else:
         raise SystemExit(f"--arch must be one of {', '.join(ARCHS)}, got {arch!r}")
+    if heads is not None:
+        if heads < 1:
+            raise SystemExit(f"--heads must be >= 1, got {heads}")
+        cfg.update(num_attention_heads=heads, num_key_value_heads=heads)
     return cfg
 
 
@@ -549,6 +555,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument(
+        "--heads",
+        type=int,
+        default=None,
+        help="query heads (default: the geometry's, glm 64 and v32 32; DeepSeek-V3.2 has 128)",
+    )
     ap.add_argument("--qk-gain", type=float, default=3.0)
     ap.add_argument("--o-gain", type=float, default=1.0)
     ap.add_argument("--down-gain", type=float, default=0.5)
@@ -580,7 +592,7 @@ def make_tensors(
     args: argparse.Namespace,
 ) -> tuple[dict[str, Any], dict[str, float], dict[str, Any], dict[str, Any] | None]:
     """(config, gains, fp32 tensors, needle record or None) of parsed writer arguments."""
-    cfg = make_config(args.arch, args.layers)
+    cfg = make_config(args.arch, args.layers, args.heads)
     gains = {"qk": args.qk_gain, "o": args.o_gain, "down": args.down_gain, "head": args.head_gain}
     tensors = build(cfg, args.seed, gains, args.shared_indexer_weights)
     needle = None

@@ -396,6 +396,14 @@ def test_checkpoint_configs_have_the_gate_geometry():
     )
     assert glm["num_nextn_predict_layers"] == 1
     assert ck.make_config("v32")["architectures"] == ["DeepseekV32ForCausalLM"]
+    # --heads: DeepSeek-V3.2's real 128 query heads (the wide-heads FlashMLA gates)
+    wide = ck.make_config("v32", heads=128)
+    assert wide["num_attention_heads"] == wide["num_key_value_heads"] == 128
+    assert ck.make_config("v32")["num_attention_heads"] == 32
+    shapes = ck.layer_shapes(wide, with_indexer=True)
+    assert shapes["self_attn.q_b_proj.weight"][0] == (128 * (128 + 64), 768)
+    with pytest.raises(SystemExit, match="--heads must be >= 1"):
+        ck.make_config("v32", heads=0)
     plan_ = ck.tensor_plan(glm, "omit")
     assert "model.layers.2.self_attn.indexer.wk.weight" not in plan_  # a shared layer
     assert "model.layers.1.self_attn.indexer.wk.weight" in plan_

@@ -407,3 +407,32 @@ def test_the_graphs_end_queue_runs_the_open_rows_with_their_references() -> None
         "p-glmn-tp4-dcp4-merge-triton",
     } <= set(q["gates"])
     _check_sensitivity_and_configs(q)
+
+
+def test_the_wide_heads_queue_gates_flashmla_at_32_and_64_local_heads() -> None:
+    """lease-wide-heads runs, on the 128-head V3.2 needle checkpoint, the patched tree's
+    FlashMLA-sparse at TP = 4 DCP = 4 (32 local heads, 128 gathered) eager and under FULL
+    graphs and at TP = 2 DCP = 2 (64 local heads), every reference its gates and noise pairs
+    compare, a fault pass in each DCP > 1 run and a sensitivity pass on the checkpoint."""
+    from gate import plans
+
+    assert plans.LEASES["lease-wide-heads"] is plans.LEASE_WIDE_HEADS
+    assert "--heads" in plans.NEEDLE_CKPTS["v32w"]
+    assert plans.NEEDLE_CKPTS["v32w"][plans.NEEDLE_CKPTS["v32w"].index("--heads") + 1] == "128"
+    q = _queue("lease-wide-heads")
+    _runs_every_reference(q)
+    runs = _check_sensitivity_and_configs(q)
+    assert all(r["model"] == "@v32w" for r in runs.values())
+    assert all(
+        r["variant"] == "patched" and r["backend"] == "FLASHMLA_SPARSE" for r in runs.values()
+    )
+    assert all("fault" in r["passes"] for r in runs.values() if r["dcp"] > 1)
+    local_heads = {128 // r["tp"] for r in runs.values() if r["dcp"] > 1}
+    assert local_heads == {32, 64}
+    assert {r["graphs"] for r in runs.values() if r["tp"] == 4 and r["dcp"] == 4} == {True, False}
+    assert set(q["gates"]) == {
+        "p-v32w-tp4-dcp4-flashmla_sparse",
+        "p-v32w-tp4-dcp4-graphs-flashmla_sparse",
+        "p-v32w-tp2-dcp2-flashmla_sparse",
+    }
+    assert all(spec["noise"] == "v32w/patched" for spec in q["gates"].values())

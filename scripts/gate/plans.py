@@ -122,7 +122,13 @@ NEEDLE_ARGS = [
     "--needle-knob",
     "answer_logit=7",
 ]
-NEEDLE_CKPTS = {"glmn": ["--arch", "glm", *NEEDLE_ARGS], "v32n": ["--arch", "v32", *NEEDLE_ARGS]}
+NEEDLE_CKPTS = {
+    "glmn": ["--arch", "glm", *NEEDLE_ARGS],
+    "v32n": ["--arch", "v32", *NEEDLE_ARGS],
+    # DeepSeek-V3.2's real 128 query heads: 32 local heads at TP = 4 and 64 at TP = 2, the
+    # FlashMLA-sparse DCP configurations stock 0.33.0 refuses (patch 0006)
+    "v32w": ["--arch", "v32", "--heads", "128", *NEEDLE_ARGS],
+}
 
 
 def _needle_suite(graphs: bool) -> dict[str, Any]:
@@ -913,6 +919,64 @@ SUITES["patched-tp1"] = {
     "noise": {},
     "gates": {},
 }
+# After the 2026-12-02 15:27Z lease (every row above gated, eager and under FULL graphs):
+# FlashMLA-sparse with >= 32 local heads at DCP = 4. 64-head glmn reaches 32 local heads
+# only at TP = 2 (DCP <= 2); DeepSeek-V3.2's own 128 heads give 32 local heads at TP = 4 and
+# DCP = 4 gathers 128, the widest envelope 0006 serves (the 4-GPU deployment of the real
+# model). Patched tree, FLASHMLA_SPARSE fp8_ds_mla, its own noise group and sensitivity;
+# eager and FULL graphs at TP = 4 DCP = 4, and TP = 2 DCP = 2 (64 local heads) eager.
+V32W_NOISE = "v32w/patched"
+
+
+def _w(name: str, tp: int, dcp: int, passes: list[str], **kw: Any) -> dict[str, Any]:
+    return _p(name, tp, dcp, passes, ckpt="v32w", **{**FLASHMLA, **kw})
+
+
+SUITES["patched-wide-heads"] = {
+    "checkpoints": {"v32w": NEEDLE_CKPTS["v32w"]},
+    "runs": [
+        _w("p-v32w-tp1-dcp1", 1, 1, ["clean", "repeat", "sensitivity"], warmup=True),
+        _w("p-v32w-tp4-dcp1", 4, 1, ["clean", "repeat", "sensitivity"]),
+        _w("p-v32w-tp4-dcp4", 4, 4, ["clean", "fault"]),
+        _w("p-v32w-tp4-dcp1-graphs", 4, 1, ["clean", "repeat"], graphs=True),
+        _w("p-v32w-tp4-dcp4-graphs", 4, 4, ["clean", "fault"], graphs=True),
+        _w("p-v32w-tp2-dcp1", 2, 1, ["clean", "repeat"], **LIGHT),
+        _w("p-v32w-tp2-dcp2", 2, 2, ["clean", "fault"], **LIGHT),
+    ],
+    "noise": _patched_noise(
+        {
+            "TP=4 DCP=1 vs TP=1": ["p-v32w-tp1-dcp1", "p-v32w-tp4-dcp1", "clean", "clean"],
+            "TP=4 repeated": ["p-v32w-tp4-dcp1", "p-v32w-tp4-dcp1", "clean", "repeat"],
+            "TP=4 graphs repeated": [
+                "p-v32w-tp4-dcp1-graphs",
+                "p-v32w-tp4-dcp1-graphs",
+                "clean",
+                "repeat",
+            ],
+            "TP=2 repeated": ["p-v32w-tp2-dcp1", "p-v32w-tp2-dcp1", "clean", "repeat"],
+        },
+        V32W_NOISE,
+    ),
+    "gates": {
+        "p-v32w-tp4-dcp4-flashmla_sparse": {
+            "ref": "p-v32w-tp4-dcp1",
+            "cand": "p-v32w-tp4-dcp4",
+            "noise": V32W_NOISE,
+        },
+        "p-v32w-tp4-dcp4-graphs-flashmla_sparse": {
+            "ref": "p-v32w-tp4-dcp1-graphs",
+            "cand": "p-v32w-tp4-dcp4-graphs",
+            "noise": V32W_NOISE,
+        },
+        "p-v32w-tp2-dcp2-flashmla_sparse": {
+            "ref": "p-v32w-tp2-dcp1",
+            "cand": "p-v32w-tp2-dcp2",
+            "noise": V32W_NOISE,
+        },
+    },
+}
+LEASE_WIDE_HEADS = ["patched-wide-heads"]
+
 LEASE_GRAPHS_END = [
     "patched-tp1",
     "needle-v32-tp4-graphs",
@@ -933,4 +997,5 @@ LEASES: dict[str, list[str]] = {
     "lease-dcp4-final": LEASE_DCP4_FINAL,
     "lease-dcp4-last": LEASE_DCP4_LAST,
     "lease-graphs-end": LEASE_GRAPHS_END,
+    "lease-wide-heads": LEASE_WIDE_HEADS,
 }
