@@ -27,16 +27,21 @@ exit 0
 """
 
 
-def first_call(tree: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """`gpu_lease.sh first 500` in the stub tree."""
+def lease_call(tree: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """`gpu_lease.sh ARGS` in the stub tree."""
     return subprocess.run(
-        ["bash", "scripts/gpu_lease.sh", "first", "500"],
+        ["bash", "scripts/gpu_lease.sh", *args],
         cwd=tree,
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def first_call(tree: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`gpu_lease.sh first 500` in the stub tree."""
+    return lease_call(tree, env, "first", "500")
 
 
 def stub_lease_tree(tmp_path: Path) -> tuple[Path, dict[str, str], Path, Path]:
@@ -150,14 +155,7 @@ def test_tests_phase_installs_and_runs_only_the_tree_tests(tmp_path: Path) -> No
     tree, env, out, calls = stub_lease_tree(tmp_path)
 
     def tests_call(**extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            ["bash", "scripts/gpu_lease.sh", "tests"],
-            cwd=tree,
-            env={**env, **extra},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return lease_call(tree, {**env, **extra}, "tests")
 
     # a call too short for the stage (its default: the call's seconds less 40) says so
     short = tests_call(CALL_S="60")
@@ -174,14 +172,7 @@ def test_tests_phase_installs_and_runs_only_the_tree_tests(tmp_path: Path) -> No
     assert sorted(p.name for p in out.iterdir()) == ["lease-logs.tgz"]
     with tarfile.open(out / "lease-logs.tgz") as tar:
         assert "./tree-tests/tree-tests-h200.log" in tar.getnames()
-    wrong = subprocess.run(
-        ["bash", "scripts/gpu_lease.sh", "later"],
-        cwd=tree,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    wrong = lease_call(tree, env, "later")
     assert wrong.returncode == 2 and "first | wait | tests" in wrong.stdout
 
 
