@@ -172,12 +172,24 @@ mkdir -p "$RES"
 # 22:37Z lease's runs started after the first call recorded it missing) and the test bundle.
 export GATE_OVERLAY=$R/overlay
 left() { echo $(( START + CALL_S - $(date +%s) )); }
+pack_logs() {
+  nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv > "$RES/nvidia-smi.txt" 2>&1
+  tar czf "$OUT/lease-logs.tgz" -C "$RES" .
+}
 pack() {
   # wait --dest collected (with a partial report); collect only if it did not run
   [ -d "$DEST" ] || python3 scripts/dcp_gate.py collect --work "$GATE" --dest "$DEST" > "$RES/collect.log" 2>&1
   [ -d "$DEST" ] && tar czf "$OUT/gate.tgz" -C "$DEST" .
-  nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv > "$RES/nvidia-smi.txt" 2>&1
-  tar czf "$OUT/lease-logs.tgz" -C "$RES" .
+  pack_logs
+}
+install_carried() {
+  # the last staging part, when this call carries it (.gpu-parts/NN), then the staged vLLM
+  # and the patched overlay
+  if ls .gpu-parts/[0-9]*/chunk.* > /dev/null 2>&1; then
+    bash .gpu/device-recv.sh || { echo "receiving the carried part failed"; exit 1; }
+  fi
+  bash .gpu/device-install.sh && bash .gpu/device-overlay.sh > "$RES/overlay.log" 2>&1 \
+    || { echo "install/overlay failed"; tail "$RES/overlay.log"; exit 1; }
 }
 gate_wait() {
   local s; s=$(( $(left) - 25 ))
@@ -189,12 +201,7 @@ case "${1:?first|wait|tests}" in
   first)
     deadline=${2:-}
     [ -n "$deadline" ] || [ -n "${LEASE_END_S:-}" ] || { echo "first GATE_DEADLINE_S (or LEASE_END_S)"; exit 2; }
-    # the last staging part, when this call carries it (.gpu-parts/NN)
-    if ls .gpu-parts/[0-9]*/chunk.* > /dev/null 2>&1; then
-      bash .gpu/device-recv.sh || { echo "receiving the carried part failed"; exit 1; }
-    fi
-    bash .gpu/device-install.sh && bash .gpu/device-overlay.sh > "$RES/overlay.log" 2>&1 \
-      || { echo "install/overlay failed"; tail "$RES/overlay.log"; exit 1; }
+    install_carried
     # later calls need not carry .gpu for the environment
     cp .gpu/device-env.sh "$R/device-env.sh"
     mkdir -p "$GATE_OVERLAY" && cp .gpu-overlay/MANIFEST "$GATE_OVERLAY/" \
@@ -256,11 +263,7 @@ case "${1:?first|wait|tests}" in
     # tests want the GPU to themselves (install as in first; carry the last part, .gpu,
     # .gpu-overlay and .gpu-tests). TREE_STAGE_S bounds the stage (default what the call
     # leaves less 40 s), TREE_FILE_S each file (default 240).
-    if ls .gpu-parts/[0-9]*/chunk.* > /dev/null 2>&1; then
-      bash .gpu/device-recv.sh || { echo "receiving the carried part failed"; exit 1; }
-    fi
-    bash .gpu/device-install.sh && bash .gpu/device-overlay.sh > "$RES/overlay.log" 2>&1 \
-      || { echo "install/overlay failed"; tail "$RES/overlay.log"; exit 1; }
+    install_carried
     source .gpu/device-env.sh
     stage_s=${TREE_STAGE_S:-$(( $(left) - 40 ))}
     [ "$stage_s" -ge 30 ] || { echo "no time left for the tree tests (${stage_s} s)"; exit 1; }
@@ -269,7 +272,6 @@ case "${1:?first|wait|tests}" in
       STAGE_TIMEOUT=$stage_s FILE_TIMEOUT=${TREE_FILE_S:-240} \
       bash scripts/gpu_h200_session.sh tree-tests > "$RES/tree-tests/stage.log" 2>&1 < /dev/null
     grep -h "^== .*: " "$RES/tree-tests/tree-tests-h200.log" 2>/dev/null
-    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv > "$RES/nvidia-smi.txt" 2>&1
-    tar czf "$OUT/lease-logs.tgz" -C "$RES" . ;;
+    pack_logs ;;
   *) echo "unknown phase $1 (first | wait | tests)"; exit 2 ;;
 esac
