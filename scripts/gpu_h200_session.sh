@@ -48,8 +48,11 @@ for stage in "$@"; do
       (cd "$T" && if ls wheels/*.whl > /dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps wheels/*.whl >> "$LOG" 2>&1; fi)
       END=$(( $(date +%s) + ${STAGE_TIMEOUT:-420} ))
+      # offline: the machine reaches no hub; the bundle's hf-cache holds the model configs
+      # the tests name (a test naming another fails at once instead of waiting on the hub)
       run_file() {  # pytest of one bundle file within $per seconds, into $LOG
-        (cd "$T" && timeout "$per" python3 -m pytest -v -rfEs --tb=short --timeout 120 \
+        (cd "$T" && HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_CACHE="$T/hf-cache" \
+          timeout "$per" python3 -m pytest -v -rfEs --tb=short --timeout 120 \
           -p no:cacheprovider "$@") >> "$LOG" 2>&1
       }
       # TREE_TESTS_FIRST: grep -E patterns separated by "|"; the files each matches run

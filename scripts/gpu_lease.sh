@@ -23,6 +23,8 @@
 # order), CALL_S (this call's seconds).
 # `first` receives the staging part its call carries (.gpu-parts/NN; until 2026-12-02 05:30Z it
 # did not, and a call carrying the last part had to run `bash .gpu/device-recv.sh && ...`).
+# GATE_REUSE (a landed lease-STAMP.tgz: its finished runs are reused) and GATE_ONLY (the
+# runs to run) finish a lease that a released machine cut short.
 # `wait` calls need carry nothing: `first` keeps .gpu/device-env.sh under $LEASE_ROOT.
 # The 2026-12-02 leases: DCP_GIT_REV=72de532 GATE_SUITES=lease-rest BENCH_STAGES=topk
 # TREE_TESTS_FIRST=test_dcp_topk_merge TREE_STAGE_S=600 ... first 1250; wait; CALL_S=385 ... wait;
@@ -191,6 +193,11 @@ install_carried() {
   bash .gpu/device-install.sh && bash .gpu/device-overlay.sh > "$RES/overlay.log" 2>&1 \
     || { echo "install/overlay failed"; tail "$RES/overlay.log"; exit 1; }
 }
+gate_start() {
+  # GATE_ONLY: the comma-separated runs of the suites to run (dcp_gate.py --only)
+  python3 scripts/dcp_gate.py start --suites "${GATE_SUITES:-lease-next}" --work "$GATE" \
+    ${GATE_ONLY:+--only "$GATE_ONLY"} "$@"
+}
 gate_wait() {
   local s; s=$(( $(left) - 25 ))
   rm -rf "$DEST"
@@ -236,9 +243,16 @@ case "${1:?first|wait|tests}" in
       if [ -z "$deadline" ] || [ "$fit" -lt "$deadline" ]; then deadline=$fit; fi
     fi
     [ "$deadline" -gt 0 ] || { echo "no time left for the gates (deadline $deadline s)"; pack; exit 1; }
+    # GATE_REUSE: a landed lease's run archive (results/dcp-gate-runs/lease-STAMP.tgz) whose
+    # finished runs the suite reuses instead of running them again (a lease cut short by a
+    # released machine); the gates refuse a pair whose records name different checkpoint bytes
+    if [ -n "${GATE_REUSE:-}" ]; then
+      mkdir -p "$GATE" && tar xzf "$GATE_REUSE" -C "$GATE" runs \
+        || { echo "GATE_REUSE: no runs/ in $GATE_REUSE"; pack; exit 1; }
+      echo "reusing $(ls "$GATE/runs" | wc -l) runs of $GATE_REUSE"
+    fi
     echo "=== gates start $(date -u +%T), deadline ${deadline} s"
-    python3 scripts/dcp_gate.py start --suites "${GATE_SUITES:-lease-next}" --work "$GATE" \
-      --deadline-s "$deadline"
+    gate_start --deadline-s "$deadline"
     mkdir -p "$RES/tree-tests"
     # beside the gates the files run slowly (the 22:37Z lease's kernel test file needed more
     # than 240 s): the stage may use the whole lease, each file 6 minutes
@@ -253,8 +267,7 @@ case "${1:?first|wait|tests}" in
     # a previous call's end may have killed the daemon: start resumes it (the first start's
     # absolute deadline wins: start keeps the earlier of the two)
     python3 scripts/dcp_gate.py wait --work "$GATE" --seconds 1 > /dev/null 2>&1
-    [ $? -eq 4 ] && python3 scripts/dcp_gate.py start --suites "${GATE_SUITES:-lease-next}" \
-      --work "$GATE" --deadline-s 99999
+    [ $? -eq 4 ] && gate_start --deadline-s 99999
     gate_wait
     tail -3 "$RES/tree-tests/tree-tests-h200.log" 2>/dev/null
     pack ;;

@@ -10,7 +10,8 @@ fixtures and pytest markers), and under ``wheels/`` the wheels of what that conf
 beyond vLLM's own requirements (``CONFTEST_WHEELS``; the GPU machine has no package index, and
 without tblib the 2026-12-01 run fell back to ``--noconftest`` and lost every fixture). Run
 pytest from the bundle's root with ``python -m pytest`` so that ``tests`` is importable and the
-installed (patched) vllm is the one under test.
+installed (patched) vllm is the one under test; ``hf-cache/`` is an offline hub cache of the
+model configs those tests name (HF_HUB_OFFLINE=1 HF_HUB_CACHE=hf-cache).
 
     .venv/bin/python scripts/tree_tests_bundle.py build/vllm .gpu-tests   # the tool venv
 """
@@ -18,6 +19,7 @@ installed (patched) vllm is the one under test.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import shutil
 import subprocess
 import sys
@@ -87,6 +89,37 @@ def closure(tree: Path, seeds: list[str]) -> list[str]:
     return sorted(seen)
 
 
+# Hugging Face model configs the bundle's tests name (vLLM's test helpers build a ModelConfig
+# from a hub id): each scripts/hf_configs/<org>/<name>/ holds the files, written here from the
+# public model cards' values. The GPU machine reaches no network: without them such a test
+# waits on the hub until pytest's timeout (the 19:29Z lease lost 420 s to
+# test_fp8_dcp_head_envelope that way).
+HF_CONFIGS = REPO / "scripts" / "hf_configs"
+
+
+def write_offline_hf_cache(dest: Path, configs: Path = HF_CONFIGS) -> list[str]:
+    """Lay ``configs``' <org>/<name>/ folders out as a Hugging Face hub cache under ``dest``
+    (models--<org>--<name>/refs/main naming a snapshot whose files are copies), for
+    HF_HUB_OFFLINE=1 HF_HUB_CACHE=dest. The snapshot id is the sha1 of the folder's files,
+    so a changed config gets a new one. Returns the repo ids written."""
+    written = []
+    for model in sorted(p for p in configs.glob("*/*") if p.is_dir()):
+        files = sorted(f for f in model.iterdir() if f.is_file())
+        digest = hashlib.sha1()
+        for f in files:
+            digest.update(f.name.encode() + b"\0" + f.read_bytes())
+        rev = digest.hexdigest()
+        repo = dest / f"models--{model.parent.name}--{model.name}"
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / "main").write_text(rev)
+        snap = repo / "snapshots" / rev
+        snap.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            shutil.copy2(f, snap / f.name)
+        written.append(f"{model.parent.name}/{model.name}")
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("tree", type=Path, help="the patched vLLM source tree")
@@ -109,9 +142,13 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copy2(args.tree / rel, args.dest / rel)
     if not args.no_wheels:
         download_wheels(args.dest / "wheels")
+    hub = write_offline_hf_cache(args.dest / "hf-cache")
     tests = [s for s in seeds if Path(s).name.startswith("test_")]
     (args.dest / "SERIES_TESTS").write_text("\n".join(tests) + "\n")
-    print(f"{len(files)} files ({len(tests)} test files of the series) -> {args.dest}")
+    print(
+        f"{len(files)} files ({len(tests)} test files of the series, {len(hub)} offline hub "
+        f"configs) -> {args.dest}"
+    )
     return 0
 
 

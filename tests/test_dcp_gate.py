@@ -115,6 +115,20 @@ def test_missing_prompts_and_failed_runs_are_not_equivalent():
     assert not got["equivalent"] and "boom" in got["problems"][0]
 
 
+def test_runs_of_different_checkpoint_bytes_are_never_compared():
+    """Two runs whose records name different checkpoint weights (a run reused from another
+    lease whose seeded checkpoint came out different) fail the comparison and give no
+    noise figure; the same digest, or a run that names none, compares as before."""
+    same = {"checkpoint": {"safetensors_sha256": "aa"}}
+    ref, cand = {**run_of(REF), **same}, {**run_of(copy.deepcopy(REF)), **same}
+    assert verdict.compare_passes(ref, cand, 0.01)["equivalent"]
+    other = {**cand, "checkpoint": {"safetensors_sha256": "bb"}}
+    got = verdict.compare_passes(ref, other, 0.01)
+    assert not got["equivalent"] and "different checkpoints" in got["problems"][0]
+    assert verdict.pair_noise(ref, other)[0] is None
+    assert verdict.compare_passes(ref, run_of(copy.deepcopy(REF)), 0.01)["equivalent"]
+
+
 def test_tolerance_is_derived_from_the_largest_noise_pair():
     tol = verdict.derive_tolerance({"tp2 vs tp1": 0.01, "repeat": 0.0, "unmeasured": None})
     assert tol["noise_floor"] == 0.01

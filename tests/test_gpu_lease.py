@@ -149,6 +149,36 @@ def test_first_call_orders_benches_before_gates_and_returns_few_files(tmp_path: 
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_first_call_reuses_a_landed_leases_runs_and_runs_only_the_named(tmp_path: Path) -> None:
+    """GATE_REUSE puts a landed lease archive's run records into the gate work folder before
+    the suite starts (the suite reuses finished runs), GATE_ONLY reaches `start --only`, and
+    an archive without runs/ stops the call before the gates start."""
+    tree, env, out, calls = stub_lease_tree(tmp_path)
+    src = tmp_path / "landed"
+    (src / "runs").mkdir(parents=True)
+    (src / "runs" / "p-a.json").write_text('{"ok": true}\n')
+    (src / "status.json").write_text("{}\n")
+    with tarfile.open(tree / "lease.tgz", "w:gz") as tar:
+        tar.add(src / "runs", arcname="runs")
+        tar.add(src / "status.json", arcname="status.json")
+    env = {**env, "BENCH_STAGES": "none", "GATE_REUSE": "lease.tgz", "GATE_ONLY": "p-b,p-c"}
+    got = first_call(tree, env)
+    got.check_returncode()
+    gate = tmp_path / "root" / "gate"
+    assert (gate / "runs" / "p-a.json").read_text() == '{"ok": true}\n'
+    assert not (gate / "status.json").exists()
+    assert "reusing 1 runs of lease.tgz" in got.stdout
+    start = next(line for line in calls.read_text().splitlines() if "dcp_gate.py start" in line)
+    assert "--only p-b,p-c" in start
+    with tarfile.open(tree / "empty.tgz", "w:gz") as tar:
+        tar.add(src / "status.json", arcname="status.json")
+    calls.write_text("")
+    bad = first_call(tree, {**env, "GATE_REUSE": "empty.tgz"})
+    assert bad.returncode == 1 and "no runs/ in empty.tgz" in bad.stdout
+    assert "dcp_gate.py start" not in calls.read_text()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_tests_phase_installs_and_runs_only_the_tree_tests(tmp_path: Path) -> None:
     """`gpu_lease.sh tests` receives the carried part, installs, runs the tree tests in the
     foreground and returns their logs alone: no bench, no gate, no checkpoint."""

@@ -194,6 +194,16 @@ def compare_prompt(a: dict[str, Any], b: dict[str, Any], atol: float) -> dict[st
     }
 
 
+def checkpoints_differ(ref: dict[str, Any], cand: dict[str, Any]) -> str | None:
+    """Why two runs' records cannot be compared because they name different checkpoint
+    weights (their recorded safetensors sha256), or None. Runs of two leases are compared
+    only when the seeded script wrote the same bytes on both machines."""
+    a, b = ((r.get("checkpoint") or {}).get("safetensors_sha256") for r in (ref, cand))
+    if a is not None and b is not None and a != b:
+        return f"reference and candidate ran different checkpoints (sha256 {a} vs {b})"
+    return None
+
+
 def compare_passes(
     ref: dict[str, Any],
     cand: dict[str, Any],
@@ -221,6 +231,9 @@ def compare_passes(
             )
         else:
             problems.append(f"{side} has no pass {name!r}")
+    differ = checkpoints_differ(ref, cand)
+    if differ:
+        problems.append(differ)
     out["incomplete_runs"] = [
         run.get("name") or side
         for side, run in (("reference", ref), ("candidate", cand))
