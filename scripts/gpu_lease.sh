@@ -44,13 +44,19 @@
 # runs done); then, re-staged, CALL_S=238 DCP_GIT_REV=fa407d8 TREE_TESTS_FIRST=
 # "test_flashattn_mla_sparse_dcp|test_dcp_comm_ledger|test_adaptive_depth|test_dcp_topk_merge"
 # TREE_FILE_S=90 ... tests (2026-12-02 15:27Z and 15:51Z).
-# Next: DCP_GIT_REV=<rev> GATE_SUITES=lease-wide-heads BENCH_STAGES=none TREE_TESTS_ONLY=
-# "tests/v1/attention/test_sparse_mla_backends.py::test_fp8_dcp_head_envelope
-# tests/kernels/attention/test_triton_sparse_mla.py" (one line) TREE_FILE_S=420
-# LEASE_END_S=<budget left less ~25 s> ... first; wait; CALL_S=<left> wait: FlashMLA-sparse at
-# 32 local heads under DCP = 4 (the 128-head v32w checkpoint, plans.LEASE_WIDE_HEADS) and the
-# two CUDA test parts no lease reached (design/dcp-gates.md "Not run yet"; TREE_TESTS_ONLY,
-# node ids run instead of the bundle, is the session script's).
+# DCP_GIT_REV=ce4c3da GATE_SUITES=lease-wide-heads BENCH_STAGES=none TREE_TESTS_ONLY=<the
+# envelope test and test_triton_sparse_mla.py> TREE_FILE_S=420 LEASE_END_S=1555 ... first: the
+# machine went back between the calls (an idle machine is released after 30 s, with the runs
+# in flight: make each `wait` call at once); then, re-staged, DCP_GIT_REV=af38cd1
+# GATE_REUSE=results/dcp-gate-runs/lease-20261202T1929Z.tgz
+# GATE_ONLY=p-v32w-tp4-dcp4,p-v32w-tp4-dcp4-graphs LEASE_END_S=705 ... first; CALL_S=150 wait
+# (2026-12-02 19:29Z and 19:53Z).
+# Next: GATE_SUITES=lease-wide-heads GATE_REUSE=results/dcp-gate-runs/lease-20261202T1953Z.tgz
+# GATE_ONLY=p-v32w-tp4-dcp4,p-v32w-tp4-dcp4-graphs,p-v32w-tp2-dcp1,p-v32w-tp2-dcp2
+# BENCH_STAGES=none TREE_TESTS_ONLY="tests/v1/attention/test_sparse_mla_backends.py::
+# test_fp8_dcp_head_envelope tests/kernels/attention/test_triton_sparse_mla.py::
+# test_prefetch_variants_cuda" (one line each) LEASE_END_S=<budget left less 20> ... first;
+# wait at once (design/dcp-gates.md "Not run yet").
 # `tests`: install and the tree tests alone (no bench, no gate), in the foreground, for
 # CALL_S less 40 s (or TREE_STAGE_S); carries what `first` carries.
 # A call carries at most 64 MiB: this tree plus one staging part. ../shared/gpu's
