@@ -51,12 +51,10 @@
 # GATE_REUSE=results/dcp-gate-runs/lease-20261202T1929Z.tgz
 # GATE_ONLY=p-v32w-tp4-dcp4,p-v32w-tp4-dcp4-graphs LEASE_END_S=705 ... first; CALL_S=150 wait
 # (2026-12-02 19:29Z and 19:53Z).
-# Next: GATE_SUITES=lease-wide-heads GATE_REUSE=results/dcp-gate-runs/lease-20261202T1953Z.tgz
-# GATE_ONLY=p-v32w-tp4-dcp4,p-v32w-tp4-dcp4-graphs
-# BENCH_STAGES=none TREE_TESTS_ONLY="tests/v1/attention/test_sparse_mla_backends.py::
-# test_fp8_dcp_head_envelope tests/kernels/attention/test_triton_sparse_mla.py::
-# test_prefetch_variants_cuda" (one line each) LEASE_END_S=<budget left less 20> ... first;
-# wait at once: about 16 minutes of gates (design/dcp-gates.md "Not run yet").
+# Finished at 23:26Z with DCP_GIT_REV=2a9603c and those settings, GATE_REUSE=<the 19:53Z
+# lease's tgz>, GATE_ONLY=p-v32w-tp4-dcp4,p-v32w-tp4-dcp4-graphs, TREE_TESTS_ONLY=<the envelope
+# test and test_prefetch_variants_cuda> TREE_FILE_S=300 TREE_STAGE_S=600 LEASE_END_S=915
+# ... first; CALL_S=355 wait at once (37 staging calls before it; both runs done in 694 s).
 # `tests`: install and the tree tests alone (no bench, no gate), in the foreground, for
 # CALL_S less 40 s (or TREE_STAGE_S); carries what `first` carries.
 # A call carries at most 64 MiB: this tree plus one staging part. ../shared/gpu's
