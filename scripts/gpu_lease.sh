@@ -55,6 +55,9 @@
 # lease's tgz>, GATE_ONLY=p-v32w-tp4-dcp4,p-v32w-tp4-dcp4-graphs, TREE_TESTS_ONLY=<the envelope
 # test and test_prefetch_variants_cuda> TREE_FILE_S=300 TREE_STAGE_S=600 LEASE_END_S=915
 # ... first; CALL_S=355 wait at once (37 staging calls before it; both runs done in 694 s).
+# Next: DCP_GIT_REV=<HEAD> GATE_SUITES=lease-long BENCH_STAGES=none LEASE_END_S=<budget left
+# less 20> ... first; wait at once; later leases add GATE_REUSE=<the previous lease's tgz>
+# (about 40 minutes of gates, design/dcp-gates.md "Not run yet").
 # `tests`: install and the tree tests alone (no bench, no gate), in the foreground, for
 # CALL_S less 40 s (or TREE_STAGE_S); carries what `first` carries.
 # A call carries at most 64 MiB: this tree plus one staging part. ../shared/gpu's

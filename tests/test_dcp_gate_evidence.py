@@ -436,3 +436,56 @@ def test_the_wide_heads_queue_gates_flashmla_at_32_and_64_local_heads() -> None:
         "p-v32w-tp2-dcp2-flashmla_sparse",
     }
     assert all(spec["noise"] == "v32w/patched" for spec in q["gates"].values())
+
+
+def test_the_long_queue_gives_every_light_row_its_32k_prompt() -> None:
+    """lease-long serves the 32k prompt, alone, to every patched glmn configuration whose
+    earlier gates served only the 1k and 8k singles and the batch: each such gate has a
+    counterpart named with "-32k" after its TP/DCP prefix, of the same kind, whose two runs
+    have the light runs' engine settings and serve [32000] with no batch."""
+    import re
+
+    import dcp_gate
+    from gate import plans
+
+    assert plans.LEASES["lease-long"] is plans.LEASE_LONG
+    long_names = set(plans.LEASE_LONG)
+    runs: dict[str, dict] = {}
+    for suite in plans.SUITES.values():
+        for r in suite["runs"]:
+            runs.setdefault(r["name"], r)
+    q = _queue("lease-long")
+    _runs_every_reference(q)
+    qruns = _check_sensitivity_and_configs(q)
+    same = ("model", "variant", "tp", "dcp", "graphs", "backend", "kv_cache_dtype")
+
+    def settings(run: dict) -> tuple:
+        extra = {
+            k: v for k, v in run.get("engine_extra", {}).items() if k != "dcp_comm_ledger_size"
+        }
+        return tuple(run.get(k) for k in same), json.dumps(extra, sort_keys=True)
+
+    light = {}
+    for name, suite in plans.SUITES.items():
+        if name in long_names:
+            continue
+        for gate, spec in suite["gates"].items():
+            ref, cand, kind = dcp_gate.gate_spec(spec)
+            c = runs[cand]
+            if c["model"] == "@glmn" and c.get("variant") == "patched" and "lens" in c:
+                if 32000 not in c["lens"]:
+                    light[gate] = (ref, cand, kind)
+    assert len(light) >= 20  # the DCP = 2 and DCP = 4 variant rows, FA and graphs at DCP = 4
+    for gate, (ref, cand, kind) in light.items():
+        twin = re.sub(r"^(p-glmn-tp\d+-dcp\d+)", r"\1-32k", gate)
+        assert twin in q["gates"], gate
+        lref, lcand, lkind = dcp_gate.gate_spec(q["gates"][twin])
+        assert lkind == kind, gate
+        for old, new in ((ref, lref), (cand, lcand)):
+            assert settings(qruns[new]) == settings(runs[old]), (gate, new)
+            assert qruns[new]["lens"] == [32000] and qruns[new]["batch_lens"] == [], new
+    assert all(
+        "fault" in r["passes"]
+        for r in qruns.values()
+        if r["dcp"] > 1 and r["name"] in {dcp_gate.gate_spec(s)[1] for s in q["gates"].values()}
+    )

@@ -283,18 +283,29 @@ PATCHED_MATRIX: dict[str, Any] = {
 P_GLMN_TP1 = next(r for r in PATCHED_MATRIX["runs"] if r["name"] == "p-glmn-tp1-dcp1")
 
 
-def _variant_rows(tp: int, dcp: int, merges: list[str], mtps: list, routes: bool) -> dict:
+def _variant_rows(
+    tp: int,
+    dcp: int,
+    merges: list[str],
+    mtps: list,
+    routes: bool,
+    suffix: str = "",
+    prompts: dict[str, list[int]] | None = None,
+) -> dict:
     """Merge backends, routes + wire (ledger on), MTP depths at TP=tp DCP=dcp, each against
     the Triton DCP=1 reference (kind dcp) and, where it is a variant of the DCP run, against
-    that run (dcp_pair / wire / spec)."""
-    base = f"p-glmn-tp{tp}-dcp{dcp}"
-    ref1 = f"p-glmn-tp{tp}-dcp1"
+    that run (dcp_pair / wire / spec). ``suffix`` names the reference pair
+    (``p-glmn-tp{tp}-dcp{1|dcp}{suffix}``) and prefixes the variants; ``prompts`` (default
+    LIGHT) is what every variant serves."""
+    base = f"p-glmn-tp{tp}-dcp{dcp}{suffix}"
+    ref1 = f"p-glmn-tp{tp}-dcp1{suffix}"
+    prompts = LIGHT if prompts is None else prompts
     runs, gates = [], {}
     fault = ["clean", "fault"]
     for m in merges:
         name = f"{base}-merge-{m}"
         extra = {"kernel_config": {"sparse_indexer_dcp_merge_backend": m}}
-        runs.append(_p(name, tp, dcp, fault, extra, **LIGHT))
+        runs.append(_p(name, tp, dcp, fault, extra, **prompts))
         gates[name] = {"ref": ref1, "cand": name, "noise": PATCHED_NOISE}
         gates[f"{name}-vs-auto"] = {
             "ref": base,
@@ -304,8 +315,8 @@ def _variant_rows(tp: int, dcp: int, merges: list[str], mtps: list, routes: bool
         }
     if routes:
         ckv, fp8 = f"{base}-ckv", f"{base}-fp8wire"
-        runs.append(_p(ckv, tp, dcp, fault, {**LEDGER, "dcp_prefill_route": "ckv"}, **LIGHT))
-        runs.append(_p(fp8, tp, dcp, fault, {**LEDGER, "dcp_wire_dtype": "fp8"}, **LIGHT))
+        runs.append(_p(ckv, tp, dcp, fault, {**LEDGER, "dcp_prefill_route": "ckv"}, **prompts))
+        runs.append(_p(fp8, tp, dcp, fault, {**LEDGER, "dcp_wire_dtype": "fp8"}, **prompts))
         gates[ckv] = {"ref": ref1, "cand": ckv, "noise": PATCHED_NOISE}
         gates[f"{ckv}-vs-query"] = {
             "ref": base,
@@ -316,7 +327,7 @@ def _variant_rows(tp: int, dcp: int, merges: list[str], mtps: list, routes: bool
         gates[f"{fp8}-vs-auto"] = {"ref": base, "cand": fp8, "kind": "wire", "noise": PATCHED_NOISE}
     for k in mtps:
         name = f"{base}-mtp{k}"
-        runs.append(_p(name, tp, dcp, fault, {"speculative_config": _mtp(k)}, **LIGHT))
+        runs.append(_p(name, tp, dcp, fault, {"speculative_config": _mtp(k)}, **prompts))
         gates[f"{name}-vs-nospec"] = {
             "ref": base,
             "cand": name,
@@ -977,6 +988,99 @@ SUITES["patched-wide-heads"] = {
 }
 LEASE_WIDE_HEADS = ["patched-wide-heads"]
 
+# After the 2026-12-02 23:26Z lease (every row gated, FlashMLA-sparse at 32 local heads and
+# DCP = 4 included): the 32k prompt on the rows that served only the 1k and 8k singles and
+# the batch (LIGHT; its longest request is 17000 tokens). Each suite has its own 32k-only
+# references, so nothing depends on an earlier lease's runs or series revision: the TP = 1
+# run (sensitivity, noise partner), the Triton pair at TP = 4 (the patched-dcp4-32k runs,
+# measured at 111 s and 265 s in the 09:58Z lease), FA-sparse on a bf16 cache and both
+# backends under FULL graphs at DCP = 4; then every DCP = 4 variant (merges, routes + wire,
+# MTP depths) and the same at DCP = 2. Priority: the attention paths, DCP = 4 before DCP = 2.
+_FA_BF16 = {"backend": "FLASH_ATTN_MLA_SPARSE", "kv_cache_dtype": "auto"}
+
+
+def _long_pair(tp: int, dcp: int, tag: str, gate: str, label: str, **kw: Any) -> dict[str, Any]:
+    """_dcp_pair on the 32k prompt alone."""
+    return _dcp_pair(tp, dcp, tag, gate, f"{label} (32k)", **_LONG, **kw)
+
+
+def _long_variants(tp: int, dcp: int, merges: list[str], mtps: list) -> dict[str, Any]:
+    """The variant rows at TP = tp, DCP = dcp on the 32k prompt, against the 32k-only Triton
+    references ``p-glmn-tp{tp}-dcp{1|dcp}-32k``."""
+    rows = _variant_rows(tp, dcp, merges, mtps, True, suffix="-32k", prompts=_LONG)
+    return {
+        "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
+        "runs": rows["runs"],
+        "noise": {},
+        "gates": rows["gates"],
+    }
+
+
+SUITES["patched-32k-dcp4"] = merge_suites(
+    [
+        SUITES["patched-dcp4-32k"],
+        _long_pair(
+            4,
+            4,
+            "fa-32k",
+            "p-glmn-tp4-dcp4-32k-flash_attn_mla_sparse-bf16",
+            "FA bf16 TP=4 repeated",
+            **_FA_BF16,
+        ),
+        _long_pair(
+            4,
+            4,
+            "graphs-32k",
+            "p-glmn-tp4-dcp4-32k-graphs-triton_mla_sparse_fp8_ds_mla",
+            "TP=4 graphs repeated",
+            graphs=True,
+        ),
+        _long_pair(
+            4,
+            4,
+            "fa-graphs-32k",
+            "p-glmn-tp4-dcp4-32k-graphs-flash_attn_mla_sparse-bf16",
+            "FA bf16 TP=4 graphs repeated",
+            graphs=True,
+            **_FA_BF16,
+        ),
+    ]
+)
+SUITES["patched-32k-dcp4-variants"] = _long_variants(
+    4, 4, ["triton", "torch"], [2, "adaptive", 4, 5, 1]
+)
+SUITES["patched-32k-dcp2"] = merge_suites(
+    [
+        {
+            "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
+            "runs": [
+                P_GLMN_TP1,
+                _p("p-glmn-tp2-dcp1-32k", 2, 1, ["clean"], **_LONG),
+                _p("p-glmn-tp2-dcp2-32k", 2, 2, ["clean", "fault"], **_LONG),
+            ],
+            "noise": _patched_noise(
+                {
+                    "TP=2 DCP=1 vs TP=1 (32k)": [
+                        "p-glmn-tp1-dcp1",
+                        "p-glmn-tp2-dcp1-32k",
+                        "clean",
+                        "clean",
+                    ]
+                }
+            ),
+            "gates": {
+                "p-glmn-tp2-dcp2-32k-triton_mla_sparse_fp8_ds_mla": {
+                    "ref": "p-glmn-tp2-dcp1-32k",
+                    "cand": "p-glmn-tp2-dcp2-32k",
+                    "noise": PATCHED_NOISE,
+                }
+            },
+        },
+        _long_variants(2, 2, ["triton", "torch", "cutedsl"], [2, "adaptive", 4, 5, 1]),
+    ]
+)
+LEASE_LONG = ["patched-32k-dcp4", "patched-32k-dcp4-variants", "patched-32k-dcp2"]
+
 LEASE_GRAPHS_END = [
     "patched-tp1",
     "needle-v32-tp4-graphs",
@@ -998,4 +1102,5 @@ LEASES: dict[str, list[str]] = {
     "lease-dcp4-last": LEASE_DCP4_LAST,
     "lease-graphs-end": LEASE_GRAPHS_END,
     "lease-wide-heads": LEASE_WIDE_HEADS,
+    "lease-long": LEASE_LONG,
 }
