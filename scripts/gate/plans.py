@@ -32,6 +32,8 @@ from __future__ import annotations
 from typing import Any
 
 FLASHMLA = {"backend": "FLASHMLA_SPARSE", "kv_cache_dtype": "fp8_ds_mla"}
+# FlashAttention MLA-sparse on a bf16 cache
+FA_BF16 = {"backend": "FLASH_ATTN_MLA_SPARSE", "kv_cache_dtype": "auto"}
 CKPTS = {"glm": ["--arch", "glm"], "v32": ["--arch", "v32"]}
 
 
@@ -227,16 +229,14 @@ PATCHED_MATRIX: dict[str, Any] = {
             2,
             1,
             ["clean", "repeat"],
-            backend="FLASH_ATTN_MLA_SPARSE",
-            kv_cache_dtype="auto",
+            **FA_BF16,
         ),
         _p(
             "p-glmn-tp2-dcp2-fa",
             2,
             2,
             ["clean", "fault"],
-            backend="FLASH_ATTN_MLA_SPARSE",
-            kv_cache_dtype="auto",
+            **FA_BF16,
         ),
     ],
     "noise": _patched_noise(
@@ -772,24 +772,34 @@ SUITES["patched-graphs-dcp4"] = _dcp_pair(
 # The series at DCP = 4 on a 32k prompt (the DCP = 4 rows above are 1k/8k + batch): its own
 # TP = 4 DCP = 1 reference, and a noise pair against the TP = 1 run, which serves 32k.
 _LONG = {"lens": [32000], "batch_lens": []}
-SUITES["patched-dcp4-32k"] = {
-    "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
-    "runs": [
-        _p("p-glmn-tp4-dcp1-32k", 4, 1, ["clean"], **_LONG),
-        _p("p-glmn-tp4-dcp4-32k", 4, 4, ["clean", "fault"], **_LONG),
-        P_GLMN_TP1,
-    ],
-    "noise": _patched_noise(
-        {"TP=4 DCP=1 vs TP=1 (32k)": ["p-glmn-tp1-dcp1", "p-glmn-tp4-dcp1-32k", "clean", "clean"]}
-    ),
-    "gates": {
-        "p-glmn-tp4-dcp4-32k-triton_mla_sparse_fp8_ds_mla": {
-            "ref": "p-glmn-tp4-dcp1-32k",
-            "cand": "p-glmn-tp4-dcp4-32k",
-            "noise": PATCHED_NOISE,
-        }
-    },
-}
+
+
+def _long_core(tp: int, dcp: int) -> dict[str, Any]:
+    """The series' Triton backend at TP = tp, DCP = dcp against DCP = 1 on the 32k prompt
+    alone (runs ``p-glmn-tp{tp}-dcp{1|dcp}-32k``), with the TP = 1 run as the reference's
+    noise partner."""
+    ref, cand = f"p-glmn-tp{tp}-dcp1-32k", f"p-glmn-tp{tp}-dcp{dcp}-32k"
+    return {
+        "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
+        "runs": [
+            _p(ref, tp, 1, ["clean"], **_LONG),
+            _p(cand, tp, dcp, ["clean", "fault"], **_LONG),
+            P_GLMN_TP1,
+        ],
+        "noise": _patched_noise(
+            {f"TP={tp} DCP=1 vs TP=1 (32k)": ["p-glmn-tp1-dcp1", ref, "clean", "clean"]}
+        ),
+        "gates": {
+            f"{cand}-triton_mla_sparse_fp8_ds_mla": {
+                "ref": ref,
+                "cand": cand,
+                "noise": PATCHED_NOISE,
+            }
+        },
+    }
+
+
+SUITES["patched-dcp4-32k"] = _long_core(4, 4)
 SUITES["patched-dcp4-mtp-rest"] = _select(_variant_rows(4, 4, [], [4, 5, 1], False), "-mtp")
 # CuTe DSL is what `auto` runs at DCP = 4 (2048 candidates a row; every rank of the 06:15Z
 # lease's p-glmn-tp4-dcp4 and its MTP runs recorded merge_backends_seen == ["cutedsl"]), so
@@ -801,8 +811,7 @@ SUITES["patched-fa-dcp4"] = _dcp_pair(
     "fa",
     "p-glmn-tp4-dcp4-flash_attn_mla_sparse-bf16",
     "FA bf16 TP=4 repeated",
-    backend="FLASH_ATTN_MLA_SPARSE",
-    kv_cache_dtype="auto",
+    **FA_BF16,
     **LIGHT,
 )
 SUITES["needle-v32-tp4-graphs"] = {
@@ -909,8 +918,7 @@ SUITES["patched-fa-graphs"] = _dcp_pair(
     "p-glmn-tp2-dcp2-graphs-flash_attn_mla_sparse-bf16",
     "FA bf16 TP=2 graphs repeated",
     graphs=True,
-    backend="FLASH_ATTN_MLA_SPARSE",
-    kv_cache_dtype="auto",
+    **FA_BF16,
 )
 SUITES["patched-fa-graphs-dcp4"] = _dcp_pair(
     4,
@@ -919,8 +927,7 @@ SUITES["patched-fa-graphs-dcp4"] = _dcp_pair(
     "p-glmn-tp4-dcp4-graphs-flash_attn_mla_sparse-bf16",
     "FA bf16 TP=4 graphs repeated",
     graphs=True,
-    backend="FLASH_ATTN_MLA_SPARSE",
-    kv_cache_dtype="auto",
+    **FA_BF16,
     **LIGHT,
 )
 # the TP = 1 reference whose sensitivity pass the glmn gates above state
@@ -988,6 +995,7 @@ SUITES["patched-wide-heads"] = {
 }
 LEASE_WIDE_HEADS = ["patched-wide-heads"]
 
+
 # After the 2026-12-02 23:26Z lease (every row gated, FlashMLA-sparse at 32 local heads and
 # DCP = 4 included): the 32k prompt on the rows that served only the 1k and 8k singles and
 # the batch (LIGHT; its longest request is 17000 tokens). Each suite has its own 32k-only
@@ -996,9 +1004,6 @@ LEASE_WIDE_HEADS = ["patched-wide-heads"]
 # measured at 111 s and 265 s in the 09:58Z lease), FA-sparse on a bf16 cache and both
 # backends under FULL graphs at DCP = 4; then every DCP = 4 variant (merges, routes + wire,
 # MTP depths) and the same at DCP = 2. Priority: the attention paths, DCP = 4 before DCP = 2.
-_FA_BF16 = {"backend": "FLASH_ATTN_MLA_SPARSE", "kv_cache_dtype": "auto"}
-
-
 def _long_pair(tp: int, dcp: int, tag: str, gate: str, label: str, **kw: Any) -> dict[str, Any]:
     """_dcp_pair on the 32k prompt alone."""
     return _dcp_pair(tp, dcp, tag, gate, f"{label} (32k)", **_LONG, **kw)
@@ -1008,12 +1013,7 @@ def _long_variants(tp: int, dcp: int, merges: list[str], mtps: list) -> dict[str
     """The variant rows at TP = tp, DCP = dcp on the 32k prompt, against the 32k-only Triton
     references ``p-glmn-tp{tp}-dcp{1|dcp}-32k``."""
     rows = _variant_rows(tp, dcp, merges, mtps, True, suffix="-32k", prompts=_LONG)
-    return {
-        "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
-        "runs": rows["runs"],
-        "noise": {},
-        "gates": rows["gates"],
-    }
+    return _select(rows, "-32k")
 
 
 SUITES["patched-32k-dcp4"] = merge_suites(
@@ -1025,7 +1025,7 @@ SUITES["patched-32k-dcp4"] = merge_suites(
             "fa-32k",
             "p-glmn-tp4-dcp4-32k-flash_attn_mla_sparse-bf16",
             "FA bf16 TP=4 repeated",
-            **_FA_BF16,
+            **FA_BF16,
         ),
         _long_pair(
             4,
@@ -1042,7 +1042,7 @@ SUITES["patched-32k-dcp4"] = merge_suites(
             "p-glmn-tp4-dcp4-32k-graphs-flash_attn_mla_sparse-bf16",
             "FA bf16 TP=4 graphs repeated",
             graphs=True,
-            **_FA_BF16,
+            **FA_BF16,
         ),
     ]
 )
@@ -1051,31 +1051,7 @@ SUITES["patched-32k-dcp4-variants"] = _long_variants(
 )
 SUITES["patched-32k-dcp2"] = merge_suites(
     [
-        {
-            "checkpoints": {"glmn": NEEDLE_CKPTS["glmn"]},
-            "runs": [
-                P_GLMN_TP1,
-                _p("p-glmn-tp2-dcp1-32k", 2, 1, ["clean"], **_LONG),
-                _p("p-glmn-tp2-dcp2-32k", 2, 2, ["clean", "fault"], **_LONG),
-            ],
-            "noise": _patched_noise(
-                {
-                    "TP=2 DCP=1 vs TP=1 (32k)": [
-                        "p-glmn-tp1-dcp1",
-                        "p-glmn-tp2-dcp1-32k",
-                        "clean",
-                        "clean",
-                    ]
-                }
-            ),
-            "gates": {
-                "p-glmn-tp2-dcp2-32k-triton_mla_sparse_fp8_ds_mla": {
-                    "ref": "p-glmn-tp2-dcp1-32k",
-                    "cand": "p-glmn-tp2-dcp2-32k",
-                    "noise": PATCHED_NOISE,
-                }
-            },
-        },
+        _long_core(2, 2),
         _long_variants(2, 2, ["triton", "torch", "cutedsl"], [2, "adaptive", 4, 5, 1]),
     ]
 )
