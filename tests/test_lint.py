@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from conftest import patch_bytes, write_tree
-from patchset.lint import added_lines, debug_calls, lint_patches, spdx_problem
+from patchset.lint import added_lines, debug_calls, lint_patches, pinned_ruff_version, spdx_problem
 from patchset.series import load_series
 
 PYPROJECT = b"""[tool.ruff]
@@ -153,3 +153,22 @@ def test_cli_lint_exit_code_and_findings(tmp_path: Path, capsys) -> None:
     assert "FAIL vllm/0001-bad.patch" in printed and "ruff:F401" in printed
     assert "OK   vllm/0002-good.patch" in printed
     assert main(["-C", str(root), "lint", "vllm/0002-good.patch", *base]) == 0
+
+
+@pytest.mark.parametrize(
+    ("rev_line", "expected"),
+    [
+        ("rev: v0.14.0", "0.14.0"),
+        ("rev: f368fb366ff7f2f808dd324b83a6d32267799e19  # frozen: v0.17.2", "0.17.2"),
+        ("rev: 1368fb366ff7f2f808dd324b83a6d32267799e19  # frozen: v0.17.2", "0.17.2"),
+        ("rev: f368fb366ff7f2f808dd324b83a6d32267799e19", None),
+    ],
+)
+def test_pinned_ruff_version_reads_a_tag_or_a_frozen_sha(
+    tmp_path: Path, rev_line: str, expected: str | None
+) -> None:
+    (tmp_path / ".pre-commit-config.yaml").write_text(
+        "repos:\n- repo: https://github.com/astral-sh/ruff-pre-commit\n"
+        f"  {rev_line}\n  hooks:\n  - id: ruff-check\n"
+    )
+    assert pinned_ruff_version(tmp_path) == expected

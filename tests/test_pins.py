@@ -35,15 +35,19 @@ differs_from_sdist = ["vllm/_version.py"]
 
 
 def test_repository_pins_cover_every_base() -> None:
-    """The repository's pins.toml names vLLM 0.33.0 and b12x 1.5.1, each as sdist and wheel."""
+    """The repository's pins.toml names vLLM 0.34.0 and b12x 1.5.1, each as sdist and wheel."""
     pins = load_pins(REPO / "pins.toml")
     assert {p.key for p in pins} == {"vllm.sdist", "vllm.wheel", "b12x.sdist", "b12x.wheel"}
     sdist = pins.get("vllm", "sdist")
-    assert sdist.filename == "vllm-0.33.0.tar.gz"
-    assert sdist.top_dir == "vllm-0.33.0"
-    assert sdist.env_dict == {"VLLM_TARGET_DEVICE": "empty", "VLLM_VERSION_OVERRIDE": "0.33.0"}
-    assert pins.get("vllm", "wheel").requirement == sdist.requirement == "vllm==0.33.0"
-    # vLLM 0.33.0 lists b12x==1.5.1 as its `b12x` extra: the pair must stay in step.
+    assert sdist.filename == "vllm-0.34.0.tar.gz"
+    assert sdist.top_dir == "vllm-0.34.0"
+    assert sdist.env_dict == {"VLLM_TARGET_DEVICE": "empty", "VLLM_VERSION_OVERRIDE": "0.34.0"}
+    assert pins.get("vllm", "wheel").requirement == sdist.requirement == "vllm==0.34.0"
+    # flashinfer-python 0.7.3 (0.34.0's pin) is not on the reachable index: 0.7.4 in its place.
+    assert pins.get("vllm", "wheel").install_substitutes == (
+        ("flashinfer-python", "flashinfer-python==0.7.4"),
+    )
+    # vLLM 0.34.0 lists b12x==1.5.1 as its `b12x` extra: the pair must stay in step.
     assert pins.get("b12x", "wheel").requirement == pins.get("b12x", "sdist").requirement
     assert pins.get("b12x", "sdist").requirement == "b12x==1.5.1"
     assert pins.get("vllm", "wheel").differs_from_sdist == ("vllm/_version.py",)

@@ -37,6 +37,8 @@ from patchset.errors import PatchsetError  # noqa: E402
 from patchset.export import HF_HOST, hub_offline_env  # noqa: E402
 from patchset.fetch import pinned_file  # noqa: E402
 from patchset.hashing import sha256_file  # noqa: E402
+from patchset.installreqs import install_requirements  # noqa: E402
+from patchset.pins import load_pins  # noqa: E402
 from patchset.series import for_target, load_series  # noqa: E402
 
 MARKER = "dcp-wheel.json"
@@ -124,12 +126,23 @@ def make_venv(receipt_path: Path, venv: Path, *, reuse: bool) -> int:
     except PatchsetError as exc:
         print(f"error: the pinned b12x wheel is not in the fetch cache ({exc.message}): make fetch")
         return 1
+    substitutes = load_pins(REPO / "pins.toml").get("vllm", "wheel").install_substitutes
     print(f"testenv: creating {venv} and installing {wheel.name} + {b12x.name} with dependencies")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    proc = subprocess.run([*pip, str(wheel), str(b12x), *TEST_TOOLS], env=env, check=False)
-    if proc.returncode != 0:
-        print(f"error: pip install failed (exit {proc.returncode})")
-        return proc.returncode
+    if substitutes:
+        # The wheel's own requirements with the pins.toml substitutes (an index that lacks a
+        # declared pin); the wheel itself goes in --no-deps, so pip never asks for that pin.
+        requirements, replaced = install_requirements(wheel, substitutes)
+        for declared, used in replaced:
+            print(f"testenv: installing {used} in place of the wheel's {declared} (pins.toml)")
+        steps = [[*pip, "--no-deps", str(wheel)], [*pip, *requirements, str(b12x), *TEST_TOOLS]]
+    else:
+        steps = [[*pip, str(wheel), str(b12x), *TEST_TOOLS]]
+    for cmd in steps:
+        proc = subprocess.run(cmd, env=env, check=False)
+        if proc.returncode != 0:
+            print(f"error: pip install failed (exit {proc.returncode})")
+            return proc.returncode
     write_marker(venv, wheel, actual, receipt["wheel"]["version"])
     print(f"testenv: ready in {time.monotonic() - start:.0f} s")
     return 0

@@ -45,8 +45,13 @@ SPDX_SUFFIXES: dict[str, str] = {".py": "#", ".rs": "//", ".proto": "//"}
 PRINT_EXEMPT_DIRS = ("tests/", "examples/", "benchmarks/", "tools/", "scripts/", "docs/")
 _DEBUG_CALLS = {"print", "breakpoint"}
 _RUFF_REV = re.compile(
-    r"astral-sh/ruff-pre-commit\s*\n\s*rev:\s*v?(?P<version>[0-9][0-9.]*)", re.MULTILINE
+    r"astral-sh/ruff-pre-commit\s*\n\s*rev:\s*(?:v?(?P<version>[0-9][0-9.]*)\b"
+    r"|(?P<sha>[0-9a-f]{40})\s*#\s*frozen:\s*v?(?P<frozen>[0-9][0-9.]*))",
+    re.MULTILINE,
 )
+"""The ruff-pre-commit ``rev:``: a tag (``v0.14.0``, vLLM 0.33) or a commit SHA frozen by
+``pre-commit autoupdate --freeze`` with the tag in its comment (``<sha>  # frozen: v0.17.2``,
+vLLM 0.34)."""
 
 BaseReader = Callable[[str], bytes | None]
 
@@ -98,7 +103,9 @@ def pinned_ruff_version(base_tree: Path) -> str | None:
     if not config.is_file():
         return None
     match = _RUFF_REV.search(config.read_text(encoding="utf-8"))
-    return match.group("version") if match else None
+    if match is None:
+        return None
+    return match.group("version") or match.group("frozen")
 
 
 def series_images(

@@ -22,10 +22,11 @@ SCHEMA_VERSION = 1
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _TARGET = re.compile(r"[a-z][a-z0-9_]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_EXACT_REQ = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)")
 _COMMON_KEYS = {"requirement", "filename", "sha256", "pip_args", "env"}
 _KIND_KEYS: dict[str, set[str]] = {
     "sdist": _COMMON_KEYS | {"top_dir"},
-    "wheel": _COMMON_KEYS | {"differs_from_sdist", "build_only_py"},
+    "wheel": _COMMON_KEYS | {"differs_from_sdist", "build_only_py", "install_substitutes"},
 }
 _SUFFIX = {"sdist": (".tar.gz",), "wheel": (".whl",)}
 
@@ -37,7 +38,10 @@ class Pin:
     ``top_dir`` (sdists) is the single top-level directory of the archive. For wheels,
     ``differs_from_sdist`` lists the ``vllm/**/*.py`` files that the build generates (so they
     may differ from the sdist) and ``build_only_py`` the path prefixes of Python files the build
-    adds that the sdist lacks.
+    adds that the sdist lacks. ``install_substitutes`` maps a distribution name (normalised) to
+    the exact ``name==version`` that the project's own installs (test venv, GPU staging) use in
+    place of the wheel's declared pin, for a pin the reachable package index does not serve; the
+    wheel's metadata is never changed.
     """
 
     target: str
@@ -50,6 +54,7 @@ class Pin:
     top_dir: str | None = None
     differs_from_sdist: tuple[str, ...] = ()
     build_only_py: tuple[str, ...] = ()
+    install_substitutes: tuple[tuple[str, str], ...] = ()
 
     @property
     def key(self) -> str:
@@ -182,6 +187,7 @@ def _parse_entry(
     for rel in differs + build_only:
         if rel.startswith("/") or ".." in rel.split("/"):
             problems.append(f"{where}: {rel!r} must be a relative path inside the wheel")
+    substitutes = _substitutes(entry.get("install_substitutes", []), where, problems)
     if len(problems) > before:
         return None
     return Pin(
@@ -195,7 +201,32 @@ def _parse_entry(
         top_dir=top_dir,
         differs_from_sdist=tuple(differs),
         build_only_py=tuple(build_only),
+        install_substitutes=substitutes,
     )
+
+
+def normalise_name(name: str) -> str:
+    """A distribution name as PEP 503 compares it."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _substitutes(
+    value: object, where: str, problems: list[str]
+) -> tuple[tuple[str, str], ...]:
+    items = _str_list(value, f"{where} install_substitutes", problems)
+    out: dict[str, str] = {}
+    for item in items:
+        match = _EXACT_REQ.fullmatch(item)
+        if match is None:
+            problems.append(
+                f"{where}: install_substitutes entry {item!r} must be an exact 'name==version'"
+            )
+            continue
+        name = normalise_name(match.group(1))
+        if name in out:
+            problems.append(f"{where}: install_substitutes names {name!r} twice")
+        out[name] = item
+    return tuple(sorted(out.items()))
 
 
 def _str_list(value: object, where: str, problems: list[str]) -> list[str]:
