@@ -111,14 +111,14 @@ test: lock-check testenv
 	exit $$rc
 
 lint: setup
-	$(PY) -m ruff check tools tests scripts proofs
-	$(PY) -m ruff format --check tools tests scripts proofs
+	$(PY) -m ruff check tools tests evidence proofs
+	$(PY) -m ruff format --check tools tests evidence proofs
 	$(PATCHSET) lock --check
-	$(PY) scripts/results_tables.py --check
+	$(PY) evidence/results_tables.py --check
 
 bench-tool: setup fetch
-	$(PY) scripts/bench_tool.py
-	$(PY) scripts/results_tables.py
+	$(PY) evidence/bench_tool.py
+	$(PY) evidence/results_tables.py
 
 clean:
 	rm -rf build/vllm build/base build/testenv dist
@@ -153,11 +153,11 @@ lint: lint-patches lint-docs
 # committed rendering (regenerate it with `make lint-docs DOCS_UPDATE=--update`).
 DOCS_UPDATE ?=
 lint-docs: apply
-	$(PY) scripts/check_attention_backend_docs.py $(VLLM) --snapshot design/attention_backends.rendered.md $(DOCS_UPDATE)
+	$(PY) tools/check_attention_backend_docs.py $(VLLM) --snapshot design/attention_backends.rendered.md $(DOCS_UPDATE)
 .PHONY: lint-docs
 
 rebase-report: fetch
-	scripts/rebase_report.sh $(REBASE_ONTO)
+	tools/rebase_report.sh $(REBASE_ONTO)
 
 # The patch-authoring repository (CONTRIBUTING.md): the pinned vLLM sdist, unpacked and committed
 # as one commit on branch `base` of build/vllm-git, so each patch is one commit of a worktree.
