@@ -3,7 +3,8 @@
 #   make wheel                 fetch the pins, apply + verify the series on build/vllm,
 #                              build dist/vllm-0.33.0+dcp.<digest>-...whl and dist/receipt.json
 #   make test                  lock check, tool tests, a fresh test venv with the overlay wheel
-#                              installed (pip), the proofs and the vLLM-tree tests against it
+#                              installed (pip), the proofs and the vLLM-tree tests against it,
+#                              the evidence lab's CPU tests (evidence/tests)
 #   make apply|verify VLLM=<path>   apply / verify the series on another vLLM tree
 #   make upstream-tests        the base's own tests of the touched modules vs the stock baseline
 #                              (also in make test); make upstream-baseline regenerates it
@@ -61,6 +62,13 @@ RUN_TREE_TESTS = $(PY) tests/vllm_tree_tests.py run --tree $(VLLM) --venv $(TEST
 tool-tests: setup
 	$(RUN_TOOL_TESTS)
 
+# The GPU evidence lab's own tests (gate verdicts, plans, renderer, lease plumbing), on CPU.
+RUN_EVIDENCE_TESTS = PATCHSET_TEST_VENV=$(abspath $(TESTENV)) \
+	$(PY) -m pytest -v -rfEs -p no:cacheprovider evidence/tests $(PYTEST_ARGS)
+evidence-tests: setup
+	$(RUN_EVIDENCE_TESTS)
+.PHONY: evidence-tests
+
 TESTENV_CMD = $(PY) tests/vllm_tree_tests.py venv --venv $(TESTENV)
 
 # `make test` makes a fresh test venv (REUSE_TESTENV=1 keeps one); proofs and tree-tests on their
@@ -103,6 +111,7 @@ upstream-baseline: fetch
 test: lock-check testenv
 	@rc=0; \
 	echo "== tool tests (tests/)"; PATCHSET_E2E=require $(RUN_TOOL_TESTS) || rc=1; \
+	echo "== evidence lab tests (evidence/tests/)"; $(RUN_EVIDENCE_TESTS) || rc=1; \
 	echo "== proofs (proofs/) with $(TESTPY)"; $(RUN_PROOFS) || rc=1; \
 	echo "== vLLM-tree tests against the installed overlay wheel"; $(RUN_TREE_TESTS) || rc=1; \
 	echo "== upstream vLLM tests of the touched modules: overlay wheel vs the stock baseline"; \
