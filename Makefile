@@ -122,6 +122,7 @@ test: lock-check testenv
 lint: setup
 	$(PY) -m ruff check tools tests evidence proofs
 	$(PY) -m ruff format --check tools tests evidence proofs
+	$(PY) -m mypy
 	$(PATCHSET) lock --check
 	$(PY) evidence/results_tables.py --check
 

@@ -315,8 +315,6 @@ class TestRun:
 
 
 class TestRunner(Protocol):
-    __test__ = False  # not a pytest test class
-
     def __call__(self, tree: Path, changed: Sequence[str], tests: Sequence[str]) -> TestRun: ...
 
 
