@@ -15,8 +15,8 @@ rank, at most --max-ranks processes at once)::
     python evidence/dcp_gate.py suite --suite patched --backend TRITON_MLA_SPARSE_FP8_DS_MLA ...
     python evidence/dcp_gate.py run --name x --model DIR --tp 4 --dcp 2 --passes clean,fault
     python evidence/dcp_gate.py report --work /tmp/gate --suite needle-eager --out results
-    # the whole issue-12 matrix as one priority queue, detached across short device calls
-    python evidence/dcp_gate.py start --suites lease --work /root/gate --deadline-s 1260
+    # every gate as one priority queue, detached across short device calls
+    python evidence/dcp_gate.py start --suites all --work /root/gate --deadline-s 1260
     python evidence/dcp_gate.py wait --work /root/gate --seconds 560 --dest $OUT/gate
     python evidence/dcp_gate.py collect --work /root/gate --dest $OUT/gate
 
@@ -554,10 +554,10 @@ def _best_sensitivity(runs: dict[str, Any], ckpt: str, atol: float, ref_name: st
 
 def resolve_suite(args: argparse.Namespace) -> dict[str, Any]:
     """--suite NAME (or a JSON file), or --suites A,B,C, or --suites <a named queue of
-    plans.LEASES> as one queue."""
+    plans.QUEUES> as one queue."""
     names = getattr(args, "suites", None)
     if names:
-        named = plans.LEASES
+        named = plans.QUEUES
         listed = named[names] if names in named else names.split(",")
         suites = []
         for name in listed:
@@ -565,7 +565,7 @@ def resolve_suite(args: argparse.Namespace) -> dict[str, Any]:
             suites.append(resolve_suite(one))
         return plans.merge_suites(suites)
     if not args.suite:
-        raise SystemExit("give --suite NAME or --suites A,B,... (or --suites lease)")
+        raise SystemExit("give --suite NAME or --suites A,B,... (or a queue: --suites all)")
     if args.suite == "patched":
         if not args.backend:
             raise SystemExit("--suite patched needs --backend (the patched tree's registry name)")
@@ -872,7 +872,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--suites",
             help="comma-separated suites run as one priority queue, or a named queue: "
-            + ", ".join(plans.LEASES),
+            + ", ".join(plans.QUEUES),
         )
         p.add_argument("--backend", default=None, help="for --suite patched")
         p.add_argument("--kv-cache-dtype", default="fp8_ds_mla", help="for --suite patched")

@@ -10,7 +10,7 @@
 # `first`: install the staged vLLM and the patched overlay; the kernel and top-k merge benches
 # (evidence/dev/gpu_h200_session.sh stages kernel and topk), each ALONE on the GPU (their times are
 # the figures); then the gate lease (evidence/dcp_gate.py start --suites $GATE_SUITES, default
-# lease-next; detached, with an absolute deadline of GATE_DEADLINE_S seconds) and, beside the
+# all; detached, with an absolute deadline of GATE_DEADLINE_S seconds) and, beside the
 # gates' warm-up, the series' vLLM-tree tests (the session script's tree-tests stage, detached
 # so that a call's end does not cut it; its archive lands in $RES and travels with
 # lease-logs.tgz); then it waits for the gates until the call's 600 s are nearly used.
@@ -174,7 +174,7 @@ install_carried() {
 }
 gate_start() {
   # GATE_ONLY: the comma-separated runs of the suites to run (dcp_gate.py --only)
-  python3 evidence/dcp_gate.py start --suites "${GATE_SUITES:-lease-next}" --work "$GATE" \
+  python3 evidence/dcp_gate.py start --suites "${GATE_SUITES:-all}" --work "$GATE" \
     ${GATE_ONLY:+--only "$GATE_ONLY"} "$@"
 }
 gate_wait() {
@@ -201,7 +201,7 @@ case "${1:?first|wait|tests}" in
       2>&1 < /dev/null &
     # the gate checkpoints need only the CPU: made beside the benches (the 22:37Z lease's gate
     # clock spent its first 3 minutes on them), on part of the cores
-    OMP_NUM_THREADS=8 python3 evidence/dcp_gate.py checkpoints --suites "${GATE_SUITES:-lease-next}" \
+    OMP_NUM_THREADS=8 python3 evidence/dcp_gate.py checkpoints --suites "${GATE_SUITES:-all}" \
       --work "$GATE" > "$RES/checkpoints.log" 2>&1 < /dev/null &
     ckpt_pid=$!
     # BENCH_STAGES: the benches to run (default both; a lease that changed only the merge

@@ -561,7 +561,7 @@ def test_lighter_prompt_sets_get_the_same_prompts():
     assert all(full[k] == v for k, v in light.items()) and "single/32000" not in light
 
 
-def test_every_named_suite_is_valid_and_the_lease_runs_warmups_first():
+def test_every_named_suite_is_valid_and_the_all_queue_runs_warmups_first():
     from gate import plans
 
     for name, suite in plans.SUITES.items():
@@ -576,15 +576,15 @@ def test_every_named_suite_is_valid_and_the_lease_runs_warmups_first():
             everything = {r["name"] for s in plans.SUITES.values() for r in s["runs"]}
             assert {ref, cand} <= everything, (name, gate)
         assert names
-    lease = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE])
-    warm = [r.get("warmup", False) for r in lease["runs"]]
-    assert warm[:4] == [True] * 4 and not any(warm[4:])
-    order = [r["name"] for r in lease["runs"]]
+    queue = plans.merge_suites([plans.SUITES[n] for n in plans.QUEUES["all"]])
+    warm = [r.get("warmup", False) for r in queue["runs"]]
+    assert warm[0] and warm == sorted(warm, reverse=True)  # every warm-up run first
+    order = [r["name"] for r in queue["runs"]]
     # priority: stock needle rows, then the series' backend, before the graphs rows
     assert order.index("glmn-tp4-dcp2") < order.index("p-glmn-tp2-dcp2")
-    assert order.index("p-glmn-tp2-dcp2-mtp5") < order.index("glmn-tp4-dcp2-graphs")
-    kinds = {dcp_gate.gate_spec(s)[2] for s in lease["gates"].values()}
-    assert kinds == set(verdict.GATE_KINDS) - {"accept"}  # accept came after that lease
+    assert order.index("p-glmn-tp2-dcp2") < order.index("glmn-tp4-dcp2-graphs")
+    kinds = {dcp_gate.gate_spec(s)[2] for s in queue["gates"].values()}
+    assert kinds == set(verdict.GATE_KINDS)
     every = {dcp_gate.gate_spec(g)[2] for s in plans.SUITES.values() for g in s["gates"].values()}
     assert every == set(verdict.GATE_KINDS)
 

@@ -79,11 +79,11 @@ def test_ledger_refuses_other_prompts_and_missing_ledgers() -> None:
         ledger.pass_ledger(query, "clean")
 
 
-def test_calibration_suite_and_next_lease_resolve() -> None:
+def test_calibration_suite_and_the_all_queue_resolve() -> None:
     """The needle calibration varies only the attention output gain, every candidate has
-    its noise pairs and a sensitivity run, and the next lease's queue starts with the stock
-    needle rows and still holds every run of the first lease (the calibration is left to the
-    CPU forward, gate_ckpt_reference.py)."""
+    its noise pairs and a sensitivity run, and the queue of every gate starts with the stock
+    needle rows and leaves the calibration out (the CPU forward, gate_ckpt_reference.py,
+    predicts a checkpoint's sensitivity)."""
     from gate import plans
 
     cal = plans.SUITES["needle-calibrate"]
@@ -96,10 +96,13 @@ def test_calibration_suite_and_next_lease_resolve() -> None:
         names = {r["name"] for r in cal["runs"]}
         assert {f"glmn-o{g}-tp1-dcp1", f"glmn-o{g}-tp2-dcp1"} <= names
         assert f"glmn-o{g}: TP=2 DCP=1 vs TP=1" in cal["noise"]
-    first = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE])
-    nxt = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_NEXT])
-    assert {r["name"] for r in first["runs"]} <= {r["name"] for r in nxt["runs"]}
-    assert plans.LEASE_NEXT[0] == "needle-eager" and "needle-calibrate" not in plans.LEASE_NEXT
+    every = plans.QUEUES["all"]
+    assert every[0] == "needle-eager" and "needle-calibrate" not in every
+    assert set(plans.SUITES) - set(every) <= {
+        "needle-calibrate",
+        "smoke",
+        "patched-variants",
+    } | set(n for q in ("long-prompts",) for n in plans.QUEUES[q])
     assert "answer_logit=7" in plans.NEEDLE_ARGS
 
 
@@ -116,7 +119,7 @@ def test_the_split_variant_suites_are_the_variant_suite() -> None:
     gates = [g for p in parts for g in p["gates"]]
     assert sorted(gates) == sorted(whole["gates"]) and len(gates) == len(set(gates))
     assert all(p["runs"] and p["gates"] for p in parts)
-    assert {"patched-merges", "patched-mtp", "patched-routes"} <= set(plans.LEASE_NEXT)
+    assert {"patched-merges", "patched-mtp", "patched-routes"} <= set(plans.QUEUES["dcp2"])
     merges = [r["name"] for r in plans.SUITES["patched-merges"]["runs"]]
     assert merges[0].endswith("-merge-triton")
 
@@ -178,52 +181,19 @@ def test_merged_suites_keep_every_noise_pair() -> None:
     from gate import plans
 
     seen: dict[str, list] = {}
-    for name in plans.LEASE_NEXT:
+    for name in plans.QUEUES["all"]:
         for label, pair in plans.SUITES[name].get("noise", {}).items():
             assert seen.setdefault(label, pair) == pair, (name, label)
     eager = plans.SUITES["needle-eager"]["noise"]
-    merged = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_NEXT])["noise"]
+    merged = plans.merge_suites([plans.SUITES[n] for n in plans.QUEUES["all"]])["noise"]
     assert all(merged[k] == v for k, v in eager.items())
 
 
-def test_the_rest_queue_holds_every_reference_its_gates_name() -> None:
-    """lease-rest (the rows the 22:37Z lease did not reach) runs every run its gates and
-    noise pairs compare, so a fresh machine can gate it alone."""
-    from gate import plans
-
-    rest = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_REST])
-    names = {r["name"] for r in rest["runs"]}
-    for gate, spec in rest["gates"].items():
-        pair = [spec["ref"], spec["cand"]] if isinstance(spec, dict) else spec
-        assert set(pair) <= names, gate
-    for label, pair in rest["noise"].items():
-        assert set(pair[1:3]) <= names, label
-    assert any(g.endswith("-mtp2-vs-nospec") for g in rest["gates"])
-    assert "glmn-tp4-dcp2-graphs" in rest["gates"] and "p-glmn-tp2-dcp2-ckv" in rest["gates"]
-
-
-def test_the_rest_queue_puts_mtp_before_the_v32_graph_rows_and_dcp4() -> None:
-    """lease-rest starts the series' DCP=2 reference, MTP k=2 and the adaptive ladder before
-    the V3.2 graph rows and every DCP=4 run (MTP was cut in every earlier lease), and its
-    priority suite only reorders: it adds no run of its own."""
-    from gate import plans
-
-    order = [
-        r["name"] for r in plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_REST])["runs"]
-    ]
-    first = order.index
-    for run in ("p-glmn-tp2-dcp2", "p-glmn-tp2-dcp2-mtp2", "p-glmn-tp2-dcp2-mtpadaptive"):
-        assert first(run) < first("v32n-tp2-dcp1-graphs") and first(run) < first("p-glmn-tp4-dcp1")
-    assert first("glmn-tp4-dcp2-graphs") < first("p-glmn-tp2-dcp2-ckv")
-    without = plans.merge_suites([plans.SUITES[n] for n in plans.LEASE_REST[1:]])["runs"]
-    assert sorted(order) == sorted(r["name"] for r in without)
-
-
 def _queue(name: str) -> dict:
-    """The named queue of plans.LEASES as the one suite `dcp_gate.py --suites NAME` runs."""
+    """The named queue of plans.QUEUES as the one suite `dcp_gate.py --suites NAME` runs."""
     from gate import plans
 
-    return plans.merge_suites([plans.SUITES[n] for n in plans.LEASES[name]])
+    return plans.merge_suites([plans.SUITES[n] for n in plans.QUEUES[name]])
 
 
 def _runs_every_reference(q: dict) -> list[str]:
@@ -258,136 +228,45 @@ def _check_sensitivity_and_configs(q: dict) -> dict[str, dict]:
     return runs
 
 
-def test_the_open_queue_holds_every_reference_and_puts_accepted_drafts_first() -> None:
-    """lease-open (what issue 12 lacks after the 2026-12-02 lease) runs every run its gates
-    and noise pairs compare, the accepted-draft MTP rows before the DCP = 4 rows and the
-    series' TP = 4 DCP = 4 run before V3.2's, and each of its DCP > 1 runs has a fault pass
-    (a gate without one is never meaningful)."""
-    q = _queue("lease-open")
-    names = _runs_every_reference(q)
-    assert names.index("p-glmn-tp4-dcp4") < names.index("v32n-tp4-dcp4")
-    assert names.index("p-glmnm-tp2-dcp2-mtp2") < names.index("p-glmn-tp4-dcp4")
-    assert all("fault" in r["passes"] for r in q["runs"] if r["dcp"] > 1)
-    assert "v32n-tp4-dcp4-eager" in q["gates"]
-    # every gate can measure its sensitivity (dcp_gate._best_sensitivity: a run of its
-    # checkpoint in the queue with a sensitivity pass)
-    _check_sensitivity_and_configs(q)
-    kinds = {spec.get("kind", "dcp") for spec in q["gates"].values() if isinstance(spec, dict)}
-    assert {"spec", "accept"} <= kinds
+@pytest.mark.parametrize(
+    "name", ["all", "dcp2", "dcp4", "graphs", "flashmla-wide-heads", "long-prompts"]
+)
+def test_every_queue_runs_every_reference_and_a_sensitivity_pass(name: str) -> None:
+    """A queue run alone on a fresh machine can decide every gate it names: it runs both
+    sides of each gate and noise pair, a sensitivity pass on each gated checkpoint, a fault
+    pass (the negative control) in every DCP > 1 run that is a gate's candidate, and every
+    run is a valid engine configuration."""
+    import dcp_gate
 
-
-def test_the_dcp4_rest_queue_holds_every_reference_and_runs_no_passed_row_again() -> None:
-    """lease-dcp4-rest (what the 04:03Z lease did not reach) runs every run its gates and noise
-    pairs compare, MTP k = 2 and the adaptive ladder at DCP = 4 before V3.2's DCP = 4 run,
-    every MTP depth at DCP = 4, a fault pass in every DCP > 1 run, and none of the route, wire
-    or merge runs that lease finished."""
-    q = _queue("lease-dcp4-rest")
-    names = _runs_every_reference(q)
-    assert names.index("p-glmn-tp4-dcp4-mtpadaptive") < names.index("v32n-tp4-dcp4")
-    depths = {f"p-glmn-tp4-dcp4-mtp{k}" for k in (1, 2, 4, 5, "adaptive")}
-    assert depths <= set(names)
-    assert not any(n.endswith(("-ckv", "-fp8wire")) or "-merge-" in n for n in names)
-    assert all("fault" in r["passes"] for r in q["runs"] if r["dcp"] > 1)
-    assert "v32n-tp4-dcp4-eager" in q["gates"]
-
-
-def test_the_dcp4_final_queue_holds_every_reference_and_puts_accepted_drafts_first() -> None:
-    """lease-dcp4-final (what issue 12 lacks after the 06:15Z lease) runs every run its gates
-    and noise pairs compare, the accepted-draft rows at DCP = 4 first, a fault pass in every
-    DCP > 1 run, no run whose gate is already meaningful in results/ (MTP k = 2 and the
-    adaptive ladder on glmn, the route, wire and torch merge at DCP = 4), and every remaining
-    DCP = 4 row of the matrix."""
-    from gate import plans
-
-    q = _queue("lease-dcp4-final")
-    names = _runs_every_reference(q)
-    after_warmup = [r["name"] for r in q["runs"] if not r.get("warmup")]
-    assert after_warmup[:4] == [
-        "p-glmnm-tp4-dcp1",
-        "p-glmnm-tp4-dcp4",
-        "p-glmnm-tp4-dcp4-mtp2",
-        "p-glmnm-tp4-dcp1-mtp2",
-    ]
-    assert all("fault" in r["passes"] for r in q["runs"] if r["dcp"] > 1)
-    # CuTe DSL is `auto` at DCP = 4 (the core run records it), so it has no run of its own
-    done = ("-mtp2", "-mtpadaptive", "-ckv", "-fp8wire", "-merge-torch", "-merge-cutedsl")
-    assert not any(n.startswith("p-glmn-tp4-dcp4") and n.endswith(done) for n in names)
-    assert {
-        "p-glmnm-tp4-dcp4-mtp2-accept",
-        "p-glmnm-tp4-dcp4-mtp2-vs-nospec",
-        "p-glmn-tp4-dcp4-graphs-triton_mla_sparse_fp8_ds_mla",
-        "p-glmn-tp4-dcp4-32k-triton_mla_sparse_fp8_ds_mla",
-        "p-glmn-tp4-dcp4-mtp1-vs-nospec",
-        "p-glmn-tp4-dcp4-mtp4-vs-nospec",
-        "p-glmn-tp4-dcp4-mtp5-vs-nospec",
-        "p-glmn-tp4-dcp4-merge-triton",
-        "p-glmn-tp4-dcp4-flash_attn_mla_sparse-bf16",
-        "v32n-tp4-dcp4-graphs",
-    } <= set(q["gates"])
+    q = _queue(name)
+    _runs_every_reference(q)
     runs = _check_sensitivity_and_configs(q)
-    # the 32k rows serve the 32k prompt alone, and their noise pair compares it with TP = 1
-    long = runs["p-glmn-tp4-dcp4-32k"]
-    assert long["lens"] == [32000] and long["batch_lens"] == []
-    from gate import plan
-
-    assert "lens" not in runs["p-glmn-tp1-dcp1"] and 32000 in plan.SINGLE_LENS
-    # the DCP = 2 accept suite keeps its names (results/ holds its gates)
-    two = plans.SUITES["patched-mtp-accept"]
-    assert "p-glmnm-tp2-dcp2-mtp2-accept" in two["gates"]
-    assert [r["name"] for r in two["runs"][:3]] == [
-        "p-glmnm-tp1-dcp1",
-        "p-glmnm-tp2-dcp1",
-        "p-glmnm-tp2-dcp2",
-    ]
-    assert all(r.get("warmup") for r in two["runs"][:2])
+    for gate, spec in q["gates"].items():
+        _, cand, kind = dcp_gate.gate_spec(spec)
+        if runs[cand]["dcp"] > 1 and kind in ("dcp", "dcp_pair", "wire"):
+            assert "fault" in runs[cand]["passes"], (name, gate)
 
 
-def test_the_dcp4_last_queue_runs_what_the_0958z_deadline_cut_with_its_references() -> None:
-    """lease-dcp4-last runs every reference its gates compare, MTP k = 4/5/1 at DCP = 4
-    right after the two TP = 4 references, a fault pass in every DCP > 1 run, and no run
-    whose gate the 09:58Z lease made meaningful (accepted drafts, the core, 32k and graph
-    rows at DCP = 4); every named queue resolves through plans.LEASES."""
-    from gate import plans
+def test_the_all_queue_holds_every_committed_gate() -> None:
+    """Every gate result under results/ is one the `all` queue would produce again."""
+    from pathlib import Path
 
-    assert plans.LEASES["lease-dcp4-last"] is plans.LEASE_DCP4_LAST
-    for queue in plans.LEASES.values():
-        assert all(n in plans.SUITES for n in queue)
-    q = _queue("lease-dcp4-last")
-    names = _runs_every_reference(q)
-    after_warmup = [r["name"] for r in q["runs"] if not r.get("warmup")]
-    assert after_warmup[:5] == [
-        "p-glmn-tp4-dcp1",
-        "p-glmn-tp4-dcp4",
-        "p-glmn-tp4-dcp4-mtp4",
-        "p-glmn-tp4-dcp4-mtp5",
-        "p-glmn-tp4-dcp4-mtp1",
-    ]
-    assert all("fault" in r["passes"] for r in q["runs"] if r["dcp"] > 1)
-    assert not any(
-        n.startswith("p-glmnm") or n.endswith(("-32k", "-graphs"))
-        for n in names
-        if n.startswith("p-")
-    )
-    assert {
-        "p-glmn-tp4-dcp4-mtp1-vs-nospec",
-        "p-glmn-tp4-dcp4-mtp4-vs-nospec",
-        "p-glmn-tp4-dcp4-mtp5-vs-nospec",
-        "p-glmn-tp4-dcp4-flash_attn_mla_sparse-bf16",
-        "v32n-tp4-dcp4-graphs",
-        "p-glmn-tp4-dcp4-merge-triton",
-    } <= set(q["gates"])
+    results = Path(__file__).resolve().parents[2] / "results"
+    q = _queue("all")
+    for path in results.glob("dcp-gate-*.json"):
+        d = json.loads(path.read_text())
+        if d.get("kind") == "dcp_gate":
+            assert d["name"] in q["gates"], path.name
 
 
 def test_the_graphs_end_queue_runs_the_open_rows_with_their_references() -> None:
-    """lease-graphs-end runs every reference its gates compare, V3.2 under FULL graphs at
+    """The graphs queue runs every reference its gates compare, V3.2 under FULL graphs at
     DCP = 4 first after the warm-up, FlashMLA-sparse (32 local heads) and FA-sparse bf16
     under FULL graphs before the Triton merge at DCP = 4, a fault pass in every DCP > 1 run,
     no run whose gate the 12:35Z lease made meaningful (MTP at DCP = 4, FA-sparse eager at
     DCP = 4), and a sensitivity pass on each checkpoint it gates."""
-    from gate import plans
 
-    assert plans.LEASES["lease-graphs-end"] is plans.LEASE_GRAPHS_END
-    q = _queue("lease-graphs-end")
+    q = _queue("graphs")
     names = _runs_every_reference(q)
     after_warmup = [r["name"] for r in q["runs"] if not r.get("warmup")]
     assert after_warmup[:2] == ["v32n-tp4-dcp1-graphs", "v32n-tp4-dcp4-graphs"]
@@ -410,16 +289,15 @@ def test_the_graphs_end_queue_runs_the_open_rows_with_their_references() -> None
 
 
 def test_the_wide_heads_queue_gates_flashmla_at_32_and_64_local_heads() -> None:
-    """lease-wide-heads runs, on the 128-head V3.2 needle checkpoint, the patched tree's
-    FlashMLA-sparse at TP = 4 DCP = 4 (32 local heads, 128 gathered) eager and under FULL
+    """The flashmla-wide-heads queue runs, on the 128-head V3.2 needle checkpoint, the patched
+    tree's FlashMLA-sparse at TP = 4 DCP = 4 (32 local heads, 128 gathered) eager and under FULL
     graphs and at TP = 2 DCP = 2 (64 local heads), every reference its gates and noise pairs
     compare, a fault pass in each DCP > 1 run and a sensitivity pass on the checkpoint."""
     from gate import plans
 
-    assert plans.LEASES["lease-wide-heads"] is plans.LEASE_WIDE_HEADS
     assert "--heads" in plans.NEEDLE_CKPTS["v32w"]
     assert plans.NEEDLE_CKPTS["v32w"][plans.NEEDLE_CKPTS["v32w"].index("--heads") + 1] == "128"
-    q = _queue("lease-wide-heads")
+    q = _queue("flashmla-wide-heads")
     _runs_every_reference(q)
     runs = _check_sensitivity_and_configs(q)
     assert all(r["model"] == "@v32w" for r in runs.values())
@@ -439,22 +317,21 @@ def test_the_wide_heads_queue_gates_flashmla_at_32_and_64_local_heads() -> None:
 
 
 def test_the_long_queue_gives_every_light_row_its_32k_prompt() -> None:
-    """lease-long serves the 32k prompt, alone, to every patched glmn configuration whose
-    earlier gates served only the 1k and 8k singles and the batch: each such gate has a
-    counterpart named with "-32k" after its TP/DCP prefix, of the same kind, whose two runs
-    have the light runs' engine settings and serve [32000] with no batch."""
+    """The long-prompts queue serves the 32k prompt, alone, to every patched glmn configuration
+    whose earlier gates served only the 1k and 8k singles and the batch: each such gate has a
+    counterpart named with "-32k" after its TP/DCP prefix, of the same kind, whose two runs have
+    the light runs' engine settings and serve [32000] with no batch."""
     import re
 
     import dcp_gate
     from gate import plans
 
-    assert plans.LEASES["lease-long"] is plans.LEASE_LONG
-    long_names = set(plans.LEASE_LONG)
+    long_names = set(plans.QUEUES["long-prompts"])
     runs: dict[str, dict] = {}
     for suite in plans.SUITES.values():
         for r in suite["runs"]:
             runs.setdefault(r["name"], r)
-    q = _queue("lease-long")
+    q = _queue("long-prompts")
     _runs_every_reference(q)
     qruns = _check_sensitivity_and_configs(q)
     same = ("model", "variant", "tp", "dcp", "graphs", "backend", "kv_cache_dtype")
