@@ -39,7 +39,6 @@ prints the byte model's tables (no torch.distributed).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -48,7 +47,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from provenance import git_revision, load_module
+from provenance import git_revision, load_module, write_result
 from provenance import machine as provenance_machine
 
 REPO = Path(__file__).resolve().parent.parent
@@ -322,8 +321,7 @@ def run_worker(args: argparse.Namespace) -> None:
             if args.out
             else REPO / "results" / f"bench_dcp_comm-{fabric}-{stamp}.json"
         )
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        write_result(out, record)
         print(f"wrote {out}")
     dist.destroy_process_group()
 

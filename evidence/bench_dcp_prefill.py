@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from provenance import git_revision, load_module
+from provenance import git_revision, load_module, write_result
 from provenance import machine as provenance_machine
 
 REPO = Path(__file__).resolve().parent.parent
@@ -258,8 +258,7 @@ def run_driver(args: argparse.Namespace, argv: list[str], passthrough: list[str]
         / "results"
         / (f"bench_dcp_prefill-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    write_result(out, record)
     print(f"wrote {out}")
     for fabric, by_config in ratios.items():
         for config, per_len in by_config.items():

@@ -48,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from gate import plan, plans, verdict  # noqa: E402
-from provenance import git_revision  # noqa: E402
+from provenance import git_revision, write_result  # noqa: E402
 
 REPO = HERE.parent
 
@@ -827,7 +827,7 @@ def cmd_decode_rates(args: argparse.Namespace) -> int:
         "machine": next((r["machine"] for r in used if r.get("machine")), None),
         **rates,
     }
-    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    write_result(Path(args.out), doc)
     for row in doc["rows"]:
         print(
             f"{row['run']:40s} single median {row['single_request_median']} tok/s, "

@@ -145,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     result["command"] = " ".join(sys.argv)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # evidence/: provenance
+    from provenance import write_result
+
+    write_result(args.out, result, gpus=False)
     for label, row in result["entries"].items():
         r0 = row["per_rank"].get("0", {})
         phases = ", ".join(
