@@ -106,6 +106,15 @@ def test_every_recipe_is_a_complete_dcp_mtp_command(argv: list[str]) -> None:
         assert want[field] in valid, (flag, want[field])
 
 
+def test_the_readme_command_is_one_of_the_recipes() -> None:
+    """The command on the README's first screen is a recipe this test parses."""
+    readme = (REPO / "README.md").read_text()
+    start = readme.index("## Serve a model")
+    block = readme[readme.index("```\n", start) + 4 :]
+    block = block[: block.index("```")]
+    assert extract_recipes(f"```bash\n{block}```\n")[0] in RECIPES
+
+
 def test_the_switch_table_names_each_switch_with_its_default_first() -> None:
     text = DOC.read_text()
     for flag, (_, default, valid) in SWITCHES.items():
