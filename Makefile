@@ -3,7 +3,8 @@
 #   make wheel                 fetch the pins, apply + verify the series on build/vllm,
 #                              build dist/vllm-0.33.0+dcp.<digest>-...whl and dist/receipt.json
 #   make test                  lock check, tool tests, a fresh test venv with the overlay wheel
-#                              installed (pip), the proofs and the vLLM-tree tests against it
+#                              installed (pip), the proofs and the vLLM-tree tests against it,
+#                              the evidence lab's CPU tests (evidence/tests)
 #   make apply|verify VLLM=<path>   apply / verify the series on another vLLM tree
 #   make upstream-tests        the base's own tests of the touched modules vs the stock baseline
 #                              (also in make test); make upstream-baseline regenerates it
@@ -61,6 +62,13 @@ RUN_TREE_TESTS = $(PY) tests/vllm_tree_tests.py run --tree $(VLLM) --venv $(TEST
 tool-tests: setup
 	$(RUN_TOOL_TESTS)
 
+# The GPU evidence lab's own tests (gate verdicts, plans, renderer, lease plumbing), on CPU.
+RUN_EVIDENCE_TESTS = PATCHSET_TEST_VENV=$(abspath $(TESTENV)) \
+	$(PY) -m pytest -v -rfEs -p no:cacheprovider evidence/tests $(PYTEST_ARGS)
+evidence-tests: setup
+	$(RUN_EVIDENCE_TESTS)
+.PHONY: evidence-tests
+
 TESTENV_CMD = $(PY) tests/vllm_tree_tests.py venv --venv $(TESTENV)
 
 # `make test` makes a fresh test venv (REUSE_TESTENV=1 keeps one); proofs and tree-tests on their
@@ -103,6 +111,7 @@ upstream-baseline: fetch
 test: lock-check testenv
 	@rc=0; \
 	echo "== tool tests (tests/)"; PATCHSET_E2E=require $(RUN_TOOL_TESTS) || rc=1; \
+	echo "== evidence lab tests (evidence/tests/)"; $(RUN_EVIDENCE_TESTS) || rc=1; \
 	echo "== proofs (proofs/) with $(TESTPY)"; $(RUN_PROOFS) || rc=1; \
 	echo "== vLLM-tree tests against the installed overlay wheel"; $(RUN_TREE_TESTS) || rc=1; \
 	echo "== upstream vLLM tests of the touched modules: overlay wheel vs the stock baseline"; \
@@ -111,14 +120,15 @@ test: lock-check testenv
 	exit $$rc
 
 lint: setup
-	$(PY) -m ruff check tools tests scripts proofs
-	$(PY) -m ruff format --check tools tests scripts proofs
+	$(PY) -m ruff check tools tests evidence proofs
+	$(PY) -m ruff format --check tools tests evidence proofs
+	$(PY) -m mypy
 	$(PATCHSET) lock --check
-	$(PY) scripts/results_tables.py --check
+	$(PY) evidence/results_tables.py --check
 
 bench-tool: setup fetch
-	$(PY) scripts/bench_tool.py
-	$(PY) scripts/results_tables.py
+	$(PY) evidence/bench_tool.py
+	$(PY) evidence/results_tables.py
 
 clean:
 	rm -rf build/vllm build/base build/testenv dist
@@ -153,11 +163,11 @@ lint: lint-patches lint-docs
 # committed rendering (regenerate it with `make lint-docs DOCS_UPDATE=--update`).
 DOCS_UPDATE ?=
 lint-docs: apply
-	$(PY) scripts/check_attention_backend_docs.py $(VLLM) --snapshot design/attention_backends.rendered.md $(DOCS_UPDATE)
+	$(PY) tools/check_attention_backend_docs.py $(VLLM) --snapshot design/attention_backends.rendered.md $(DOCS_UPDATE)
 .PHONY: lint-docs
 
 rebase-report: fetch
-	scripts/rebase_report.sh $(REBASE_ONTO)
+	tools/rebase_report.sh $(REBASE_ONTO)
 
 # The patch-authoring repository (CONTRIBUTING.md): the pinned vLLM sdist, unpacked and committed
 # as one commit on branch `base` of build/vllm-git, so each patch is one commit of a worktree.

@@ -558,7 +558,7 @@ def test_every_triton_launch_compiles_for_sm90():
     from conftest import REPO, patched_tree
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = Path(REPO) / "scripts" / "dcp_topk_merge_sm90_compile.py"
+    script = Path(REPO) / "proofs" / "dcp_topk_merge_sm90_compile.py"
     run = subprocess.run(
         [sys.executable, str(script), "--tree", str(patched_tree())],
         env=env,

@@ -718,7 +718,7 @@ def test_every_default_launch_compiles(capability):
     from conftest import REPO, patched_tree
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = Path(REPO) / "scripts" / "sparse_mla_sm90_compile_stats.py"
+    script = Path(REPO) / "proofs" / "sparse_mla_sm90_compile_stats.py"
     run = subprocess.run(
         [
             sys.executable,

@@ -19,6 +19,7 @@ from patchset.export import (
     export_problems,
     mbox_bytes,
     pr_body,
+    signer_identity,
     split_description,
     subject_problem,
     table,
@@ -106,7 +107,7 @@ def test_pr_body_names_the_tests_and_dependencies() -> None:
         "## Test Plan\n\npython -m pytest -q tests/test_a.py",
         "- `tests/test_a.py`",
         "## Test Result\n\n3 passed",
-        "Apply after: `vllm/0001-x.patch`",
+        "This PR builds on: `vllm/0001-x.patch`",
     ):
         assert needle in body
 
@@ -330,8 +331,94 @@ def test_export_then_git_am_round_trips(tmp_path_factory, edits, subject_tag: st
         assert (repo.path / "a.py").read_bytes() == post
 
 
+USER = "Ada Lovelace <ada@example.org>"
+
+
+@pytest.fixture
+def git_user(tmp_path_factory, monkeypatch) -> str:
+    """A global git config naming USER (and no system config), as a contributor has."""
+    cfg = tmp_path_factory.mktemp("gitcfg") / "config"
+    name, email = USER[: USER.index(" <")], USER[USER.index("<") + 1 : -1]
+    cfg.write_text(f"[user]\n\tname = {name}\n\temail = {email}\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(cfg))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    return USER
+
+
+@pytest.fixture
+def no_git_user(tmp_path_factory, monkeypatch) -> None:
+    cfg = tmp_path_factory.mktemp("gitcfg") / "config"
+    cfg.write_text("")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(cfg))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+
+
+def test_mbox_signed_by_the_exporter_replaces_the_placeholder() -> None:
+    data = patch_bytes({"a.py": (LINES, LINES + b"x\n")}, subject="[PATCH] [Model] Fix five")
+    patch, problems = parse_patch("vllm/0001-y.patch", data)
+    assert patch is not None, problems
+    mbox = mbox_bytes(patch, data, USER).decode()
+    assert f"From: {USER}\n" in mbox
+    assert f"Signed-off-by: {USER}\n---\n" in mbox
+    assert "example.invalid" not in mbox
+
+
+def test_signer_identity_reads_git_config(tmp_path: Path, git_user: str) -> None:
+    assert signer_identity(tmp_path) == git_user
+
+
+def test_signer_identity_refuses_without_git_config_naming_the_command(
+    tmp_path: Path, no_git_user: None
+) -> None:
+    from patchset.errors import PatchsetError
+
+    with pytest.raises(PatchsetError) as err:
+        signer_identity(tmp_path)
+    assert "user.email" in str(err.value)
+    assert "git config --global user.email" in (err.value.hint or "")
+
+
+def test_exported_series_mbox_applies_with_git_am_signed_off_by_the_user(
+    tmp_path: Path, git_user: str
+) -> None:
+    """The whole exported series, one mbox, through ``git am`` onto the base: every commit
+    is the user's (author and DCO sign-off), none carries a series-only trailer."""
+    root, base = two_patch_repo(tmp_path, declare=True)
+    patches = load_series(root)
+    export_patches(root, patches, patches, tmp_path / "out", signer=git_user)
+    repo = ScratchRepo.create(tmp_path / "scratch")
+    repo.import_tree(base, "base")
+    result = repo.am((tmp_path / "out" / "vllm" / "series.mbox").read_bytes())
+    assert result.ok, result.output
+    import subprocess
+
+    log = subprocess.run(
+        ["git", "-C", str(repo.path), "log", "-3", "--format=%an <%ae>%n%B%n@@"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    commits = [c for c in log.split("@@") if c.strip()]
+    assert len(commits) == 3
+    for commit in commits:
+        assert commit.strip().startswith(git_user)
+        assert f"Signed-off-by: {git_user}" in commit
+        assert "example.invalid" not in commit and "Upstream-Status" not in commit
+
+
+def test_cli_export_refuses_without_a_git_identity(tmp_path: Path, capsys, no_git_user) -> None:
+    from patchset.cli import main
+
+    root, _ = two_patch_repo(tmp_path, declare=True)
+    code = main(["-C", str(root), "export", "--to", str(tmp_path / "out")])
+    printed = capsys.readouterr()
+    assert code == 1
+    assert "git config --global user.name" in printed.out + printed.err
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_export_check_prints_the_table_and_fails_on_a_needed_dependency(
-    tmp_path: Path, capsys
+    tmp_path: Path, capsys, git_user
 ) -> None:
     from patchset.cli import main
 

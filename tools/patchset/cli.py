@@ -447,13 +447,16 @@ def cmd_export(args: argparse.Namespace, repo: Path) -> int:
         export_patches,
         mbox_bytes,
         select,
+        signer_identity,
         table,
     )
 
     series = load_series(repo)
     selected = select(series, args.patches)
     dest = Path(args.to).resolve() if args.to else repo / "dist" / "export"
-    exported = export_patches(repo, series, selected, dest)
+    signer = signer_identity(repo)
+    exported = export_patches(repo, series, selected, dest, signer=signer)
+    _info(f"Signed off by {signer} (git config user.name / user.email)")
     failed = False
     for item in exported:
         _info(f"Exported {item.name} -> {item.mbox.relative_to(dest)}, {item.pr_body.name}")
@@ -463,7 +466,9 @@ def cmd_export(args: argparse.Namespace, repo: Path) -> int:
     _info(f"Wrote {len(exported)} mbox(es) and PR bodies to {dest}")
     if not args.check:
         return 1 if failed else 0
-    mboxes = {p.name: mbox_bytes(p, (repo / "patches" / p.name).read_bytes()) for p in series}
+    mboxes = {
+        p.name: mbox_bytes(p, (repo / "patches" / p.name).read_bytes(), signer) for p in series
+    }
     bases = _pristine_bases(args, repo, [p.target for p in selected])
     (repo / "build").mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=repo / "build", prefix="export-check-") as tmp:

@@ -1,7 +1,9 @@
 """Upstream export: one submittable mbox and one PR body per patch, and the standalone check.
 
 An exported mbox is the series patch with the series-only trailers (``Upstream-Status:``,
-``Depends-on:``) removed; ``Signed-off-by:`` (DCO) and the diff are kept byte for byte. vLLM
+``Depends-on:``) removed and the series' placeholder sign-off replaced by the exporting user's
+git identity (``git config user.name`` / ``user.email``), as author and ``Signed-off-by:`` (DCO:
+upstream's check wants a real address matching the author); the diff is kept byte for byte. vLLM
 titles are ``[Tag] Title``; ``git am`` strips every leading ``[...]`` from a subject unless
 told otherwise, so the mbox must be applied with ``git am --keep-non-patch`` (which strips only
 ``[PATCH]``), as the check does.
@@ -123,22 +125,55 @@ def export_problems(patch: Patch) -> list[str]:
     return problems
 
 
-def mbox_bytes(patch: Patch, data: bytes) -> bytes:
-    """The upstream mbox of ``patch`` (its file bytes ``data``): series trailers dropped."""
+PLACEHOLDER_IDENTITY = "dcp-series <dcp-series@example.invalid>"
+"""The series' own sign-off: no DCO check accepts it, so an export replaces it."""
+
+_IDENTITY = re.compile(r"^[^<>\n]+ <[^<>@\s]+@[^<>\s]+>$")
+
+
+def signer_identity(cwd: Path) -> str:
+    """``Name <email>`` of the user exporting, from ``git config`` (as ``git commit -s`` reads
+    it); refuses when either is unset or the address is the series' placeholder."""
+    values = []
+    for key in ("user.name", "user.email"):
+        proc = subprocess.run(
+            ["git", "config", "--get", key], cwd=cwd, capture_output=True, text=True, check=False
+        )
+        values.append(proc.stdout.strip())
+    identity = f"{values[0]} <{values[1]}>"
+    if not all(values) or not _IDENTITY.match(identity) or identity == PLACEHOLDER_IDENTITY:
+        raise PatchsetError(
+            "export signs every patch off as you (DCO), but git config has no usable "
+            f"user.name / user.email (got {identity!r})",
+            hint='git config --global user.name "Your Name" && '
+            "git config --global user.email you@example.com",
+        )
+    return identity
+
+
+def mbox_bytes(patch: Patch, data: bytes, signer: str | None = None) -> bytes:
+    """The upstream mbox of ``patch`` (its file bytes ``data``): series trailers dropped. With
+    ``signer`` (``Name <email>``), the author is the signer and the placeholder sign-off is
+    replaced by the signer's (other sign-offs are kept, the signer's comes last)."""
     _header_text, diff = split_patch(data)
-    header = replace(
-        patch.header,
-        trailers=tuple(
+    trailers = [
+        (key, value) for key, value in patch.header.trailers if key.lower() not in SERIES_TRAILERS
+    ]
+    header = replace(patch.header, trailers=tuple(trailers))
+    if signer is not None:
+        trailers = [
             (key, value)
-            for key, value in patch.header.trailers
-            if key.lower() not in SERIES_TRAILERS
-        ),
-    )
+            for key, value in trailers
+            if not (key.lower() == "signed-off-by" and value in (PLACEHOLDER_IDENTITY, signer))
+        ]
+        trailers.append(("Signed-off-by", signer))
+        header = replace(header, author=signer, trailers=tuple(trailers))
     return serialise_header(header).rstrip(b"\n") + b"\n---\n" + diff
 
 
 def pr_body(patch: Patch, depends_on: Sequence[str] = ()) -> str:
-    """A PR description in vLLM's template sections, from the header and the patch's tests."""
+    """A PR description in vLLM's template sections, from the header and the patch's tests;
+    ``depends_on`` names the PRs (titles) this one builds on."""
     description = split_description(patch.header.description)
     tests = test_files(patch)
     plan = description.test_plan or "(the patch states no Test Plan)"
@@ -158,13 +193,8 @@ def pr_body(patch: Patch, depends_on: Sequence[str] = ()) -> str:
     if depends_on:
         parts += [
             "## Depends on",
-            "Apply after: " + ", ".join(f"`{d}`" for d in depends_on) + " (dcp-series order).",
+            "This PR builds on: " + "; ".join(f"`{d}`" for d in depends_on) + ".",
         ]
-    parts += [
-        "---",
-        f"Exported by patchset from dcp-series `{patch.name}` "
-        f"(sha256 {patch.sha256[:16]}); apply with `git am --keep-non-patch`.",
-    ]
     return "\n\n".join(parts) + "\n"
 
 
@@ -218,9 +248,16 @@ class Exported:
 
 
 def export_patches(
-    repo: Path, patches: tuple[Patch, ...], selected: tuple[Patch, ...], dest: Path
+    repo: Path,
+    patches: tuple[Patch, ...],
+    selected: tuple[Patch, ...],
+    dest: Path,
+    *,
+    signer: str | None = None,
 ) -> list[Exported]:
-    """Write ``<dest>/<target>/<stem>.mbox`` and ``.pr.md`` for every selected patch."""
+    """Write ``<dest>/<target>/<stem>.mbox`` and ``.pr.md`` for every selected patch, signed
+    off by ``signer`` (``Name <email>``; the series' own trailers when None) and, in
+    ``<dest>/<target>/series.mbox``, the selection as one ``git am``-able series."""
     out = []
     for patch in selected:
         data = (repo / "patches" / patch.name).read_bytes()
@@ -229,8 +266,11 @@ def export_patches(
         stem.parent.mkdir(parents=True, exist_ok=True)
         mbox = stem.with_name(stem.name + ".mbox")
         body = stem.with_name(stem.name + ".pr.md")
-        _write(mbox, mbox_bytes(patch, data))
-        _write(body, pr_body(patch, deps).encode("utf-8"))
+        _write(mbox, mbox_bytes(patch, data, signer))
+        titles = tuple(
+            upstream_subject(p.header.subject) for p in dependency_closure(patch, patches)
+        )
+        _write(body, pr_body(patch, titles).encode("utf-8"))
         out.append(
             Exported(
                 patch.name,
@@ -241,6 +281,14 @@ def export_patches(
                 test_files(patch),
                 tuple(export_problems(patch)),
             )
+        )
+    for target in sorted({p.target for p in selected}):
+        mboxes = [
+            e.mbox.read_bytes() for p, e in zip(selected, out, strict=True) if p.target == target
+        ]
+        _write(
+            dest / target / "series.mbox",
+            b"".join(m if m.endswith(b"\n") else m + b"\n" for m in mboxes),
         )
     return out
 
@@ -267,8 +315,6 @@ class TestRun:
 
 
 class TestRunner(Protocol):
-    __test__ = False  # not a pytest test class
-
     def __call__(self, tree: Path, changed: Sequence[str], tests: Sequence[str]) -> TestRun: ...
 
 

@@ -1,0 +1,269 @@
+#!/bin/bash
+# One H200 lease of the series' GPU evidence, in as few device calls as it takes. Run on the
+# device machine from the repository root, after the staging parts arrived (../shared/gpu
+# recipe; carry .gpu, .gpu-overlay, .gpu-tests):
+#     bash evidence/dev/gpu_lease.sh first GATE_DEADLINE_S   # install, benches, gates start
+#     (or LEASE_END_S=<device seconds left for the lease calls> ... first: the deadline then
+#     fits the lease, see below)
+#     bash evidence/dev/gpu_lease.sh wait                    # each following call
+#     bash evidence/dev/gpu_lease.sh land STAMP FILES_AT...   # here, afterwards: into results/
+# `first`: install the staged vLLM and the patched overlay; the kernel and top-k merge benches
+# (evidence/dev/gpu_h200_session.sh stages kernel and topk), each ALONE on the GPU (their times are
+# the figures); then the gate lease (evidence/dcp_gate.py start --suites $GATE_SUITES, default
+# all; detached, with an absolute deadline of GATE_DEADLINE_S seconds) and, beside the
+# gates' warm-up, the series' vLLM-tree tests (the session script's tree-tests stage, detached
+# so that a call's end does not cut it; its archive lands in $RES and travels with
+# lease-logs.tgz); then it waits for the gates until the call's 600 s are nearly used.
+# `wait`: waits again (the gate daemon resumes itself if the previous call's end killed it)
+# and collects.
+# Settings (environment): DCP_GIT_REV (the revision the records name), GATE_SUITES,
+# LEASE_END_S / GATE_COLLECT_S (first: fit the gates' deadline into the lease, see there),
+# BENCH_STAGES (default "kernel topk"; "none": no bench), KERNEL_BUDGET_S, TREE_STAGE_S / TREE_FILE_S and
+# TREE_TESTS_FIRST ("|"-separated grep -E patterns of test files to run first, in that
+# order), CALL_S (this call's seconds).
+# `first` receives the staging part its call carries (.gpu-parts/NN; until 2026-12-02 05:30Z it
+# did not, and a call carrying the last part had to run `bash .gpu/device-recv.sh && ...`).
+# GATE_REUSE (a landed lease-STAMP.tgz: its finished runs are reused) and GATE_ONLY (the
+# runs to run) finish a lease that a released machine cut short.
+# `wait` calls need carry nothing: `first` keeps .gpu/device-env.sh under $LEASE_ROOT.
+# A lease that a released machine cut short: GATE_REUSE=<the previous lease's archive>
+# GATE_ONLY=<the runs left> ... first; `wait` at once (an idle machine is released quickly).
+# `tests`: install and the tree tests alone (no bench, no gate), in the foreground, for
+# CALL_S less 40 s (or TREE_STAGE_S); carries what `first` carries.
+# A call carries at most 64 MiB: this tree plus one staging part. ../shared/gpu's
+# stage-build.sh cuts 60 MiB parts, too large beside this tree (18.7 MiB with .gpu on
+# 2026-12-02 11:30Z; each landed lease adds ~1.5 MiB), so, here, before the lease:
+#     make wheel && bash evidence/dev/gpu_lease.sh stage
+# (copies ../shared/gpu to .gpu, runs stage-build.sh, re-cuts the parts to what a call leaves
+# beside the tree, the largest first so that the last call carries the smallest beside
+# .gpu-overlay and .gpu-tests, rebuilds those two from build/vllm, checks every call's size
+# and prints the calls; tests/test_gpu_lease.py). A hand re-cut of 2026-12-02 joined the
+# chunks by folder order after a folder had been moved, which misorders the bytes: `stage`
+# joins them by chunk name.
+# Everything comes back in at most 8 files under $OUT: kernel.tar.gz and topk.tar.gz (bench
+# JSON + log, first call only), lease-logs.tgz (overlay log, tree tests, status) and gate.tgz
+# (run records, gate files, rank logs).
+set -uo pipefail
+if [ "${1:-}" = stage ]; then
+  # Here, before the lease, from a checkout whose build/vllm is applied (make wheel): what
+  # the calls carry. ../shared/gpu -> .gpu, the staging parts (.gpu/stage-build.sh, ~1-5 min)
+  # re-cut where one is larger than PART_MIB (default: what a call's CALL_MIB = 64 MiB leaves
+  # beside the tracked tree and .gpu, less 1 MiB; 45 on 2026-12-02 with an 18.7 MiB tree), in
+  # folders ordered largest first, so that the last call, which also carries .gpu-overlay and
+  # .gpu-tests, gets the smallest; the overlay and the test bundle rebuilt from build/vllm;
+  # then the size check of every call. Prints the calls to make.
+  CALL_MIB=${CALL_MIB:-64}; PY=${PY:-.venv/bin/python}
+  [ -d build/vllm ] && [ -d build/base/vllm ] || { echo "build/vllm missing: run make wheel"; exit 2; }
+  [ -d .gpu ] || cp -r "${SHARED_GPU:-../shared/gpu}" .gpu || exit 1
+  kib() { du -sk "$@" | awk '{s += $1} END {print s}'; }
+  tree=$(( $(git ls-files -z | xargs -0 stat -c %s | awk '{s += $1} END {print int(s / 1024)}') + $(kib .gpu) ))
+  PART_MIB=${PART_MIB:-$(( CALL_MIB - (tree + 1023) / 1024 - 1 ))}
+  [ "$PART_MIB" -gt 0 ] || { echo "no room for a part beside the ${tree} KiB tree"; exit 1; }
+  [ -f .gpu-parts/SHA256SUMS ] || bash .gpu/stage-build.sh || { echo "stage-build failed"; exit 1; }
+  over=$(find .gpu-parts -name 'chunk.*' -size +$((PART_MIB * 1024))k | head -1)
+  if [ -n "$over" ]; then
+    W=$(mktemp -d)
+    # joined in the chunks' name order, whatever folder holds each (the folders are ordered
+    # by size, not by name: a plain glob would join them out of order)
+    joined() { ls .gpu-parts/*/chunk."$1"* | awk -F/ '{print $NF, $0}' | sort | cut -d' ' -f2 \
+      | xargs cat; }
+    joined v > "$W/vllm.tar.gz" && joined d > "$W/deps.tar" \
+      && (cd "$W" && split -b "${PART_MIB}m" -d -a 2 vllm.tar.gz chunk.v \
+        && split -b "${PART_MIB}m" -d -a 2 deps.tar chunk.d && rm vllm.tar.gz deps.tar) \
+      || { echo "re-cut failed; .gpu-parts left as it was"; rm -rf "$W"; exit 1; }
+    rm -rf .gpu-parts
+    # device-install.sh joins chunk.v* and chunk.d* by name: the folders' order is free
+    i=0; for c in $(ls -S "$W"/chunk.*); do
+      d=$(printf .gpu-parts/%02d $i); mkdir -p "$d"; mv "$c" "$d/"; i=$((i + 1)); done
+    rm -rf "$W"
+    (cd .gpu-parts && sha256sum */chunk.* > SHA256SUMS) && cp .gpu-parts/SHA256SUMS .gpu/parts.sha256
+  fi
+  rm -rf .gpu-overlay .gpu-tests
+  bash .gpu/overlay-build.sh build/vllm build/base/vllm > /dev/null \
+    && "$PY" evidence/dev/tree_tests_bundle.py build/vllm .gpu-tests > /dev/null \
+    || { echo "overlay or test bundle failed"; exit 1; }
+  parts=$(ls -d .gpu-parts/[0-9]* | sort); last=$(echo "$parts" | tail -1)
+  big=$(for d in $parts; do kib "$d"; done | sort -n | tail -1)
+  lastcall=$(( tree + $(kib "$last" .gpu-overlay .gpu-tests) ))
+  echo "tree + .gpu ${tree} KiB; parts of at most ${PART_MIB} MiB, the largest ${big} KiB; last call ${lastcall} KiB (limit $((CALL_MIB * 1024)))"
+  [ $((tree + big)) -lt $((CALL_MIB * 1024)) ] && [ "$lastcall" -lt $((CALL_MIB * 1024)) ] \
+    || { echo "a call would exceed ${CALL_MIB} MiB: lower PART_MIB"; exit 1; }
+  n=$(echo "$parts" | wc -l)
+  echo "calls: carry [.gpu, .gpu-parts/NN] 'bash .gpu/device-recv.sh' for NN in $(echo "$parts" | head -1 | xargs basename)..$(echo "$parts" | sed -n "$((n - 1))p" | xargs basename);"
+  echo "then carry [.gpu, $last, .gpu-overlay, .gpu-tests] 'bash evidence/dev/gpu_lease.sh first' ($n calls)"
+  exit 0
+fi
+if [ "${1:-}" = land ]; then
+  # Here, after the lease: put what the calls brought back (FILES_AT: one folder per call, or
+  # the files themselves) into results/. Gate files whose comparison never ran (runs cut by the
+  # deadline) are left out, so an earlier finished file of the same name stays; so is a gate
+  # file without a caught negative control where the earlier file of that name has one.
+  shift; stamp=${1:?STAMP (e.g. 20261201T1900Z)}; shift
+  [ $# -gt 0 ] || { echo "land STAMP FILES_AT..."; exit 2; }
+  # logs and run archives are kept out of results/ (LEASE_ARCHIVE, default build/leases/STAMP)
+  A=${LEASE_ARCHIVE:-build/leases/$stamp}
+  W=$(mktemp -d); mkdir -p "$A"
+  for d in "$@"; do
+    for f in kernel topk; do
+      [ -f "$d/$f.tar.gz" ] && tar xzf "$d/$f.tar.gz" -C "$W" && echo "landed $d/$f.tar.gz"
+    done
+    [ -f "$d/gate.tgz" ] && rm -rf "$W/gate" && mkdir -p "$W/gate" && tar xzf "$d/gate.tgz" -C "$W/gate"
+    [ -f "$d/lease-logs.tgz" ] && cp "$d/lease-logs.tgz" "$A/gpu-lease-logs.tgz"
+  done
+  for f in kernel-bench-h200-0.33.0.json dcp-topk-merge-h200-0.33.0.json; do
+    [ -s "$W/$f" ] && cp "$W/$f" results/ && echo "results/$f"
+  done
+  for f in "$W"/*.log; do [ -f "$f" ] && cp "$f" "$A/$(basename "$f")"; done
+  if [ -d "$W/gate" ]; then  # the last call's gate.tgz holds everything the gates wrote
+    python3 - "$W/gate/results" <<'PY'
+import json, shutil, sys
+from pathlib import Path
+for f in sorted(Path(sys.argv[1]).glob("*.json")):
+    d = json.loads(f.read_text())
+    if d.get("kind") == "dcp_gate" and d.get("max_abs_logprob_diff") is None:
+        print(f"not landed (never compared): {f.name}")
+        continue
+    old = Path("results") / f.name
+    if (
+        d.get("kind") == "dcp_gate"
+        and not d.get("negative_control_detected")
+        and old.is_file()
+        and json.loads(old.read_text()).get("negative_control_detected")
+    ):
+        print(f"not landed (its negative control did not run; {old} has one): {f.name}")
+        continue
+    shutil.copy(f, Path("results") / f.name)
+    print(f"results/{f.name}")
+PY
+    [ -f "$W/gate/rank-logs.tgz" ] && mv "$W/gate/rank-logs.tgz" "$A/gate-ranks.tgz"
+    tar czf "$A/gate-runs.tgz" -C "$W/gate" \
+      $(cd "$W/gate" && ls -d daemon.log runs status.json 2>/dev/null)
+  fi
+  rm -rf "$W"; exit 0
+fi
+: "${OUT:?run on the device machine}"
+START=$(date +%s)
+CALL_S=${CALL_S:-580}
+export DCP_GIT_REV="${DCP_GIT_REV:-unknown}"
+R=${LEASE_ROOT:-/root}  # LEASE_ROOT: another scratch root (a dry run on CPU with stubs)
+RES=$R/lease; GATE=$R/gate; DEST=$R/gate-dest
+mkdir -p "$RES"
+# What later calls need from the carried folders lives off the working tree, which every call
+# replaces with what it carries: the overlay's MANIFEST (the gate records its sha256; the
+# 22:37Z lease's runs started after the first call recorded it missing) and the test bundle.
+export GATE_OVERLAY=$R/overlay
+left() { echo $(( START + CALL_S - $(date +%s) )); }
+pack_logs() {
+  nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv > "$RES/nvidia-smi.txt" 2>&1
+  tar czf "$OUT/lease-logs.tgz" -C "$RES" .
+}
+pack() {
+  # wait --dest collected (with a partial report); collect only if it did not run
+  [ -d "$DEST" ] || python3 evidence/dcp_gate.py collect --work "$GATE" --dest "$DEST" > "$RES/collect.log" 2>&1
+  [ -d "$DEST" ] && tar czf "$OUT/gate.tgz" -C "$DEST" .
+  pack_logs
+}
+install_carried() {
+  # the last staging part, when this call carries it (.gpu-parts/NN), then the staged vLLM
+  # and the patched overlay
+  if ls .gpu-parts/[0-9]*/chunk.* > /dev/null 2>&1; then
+    bash .gpu/device-recv.sh || { echo "receiving the carried part failed"; exit 1; }
+  fi
+  bash .gpu/device-install.sh && bash .gpu/device-overlay.sh > "$RES/overlay.log" 2>&1 \
+    || { echo "install/overlay failed"; tail "$RES/overlay.log"; exit 1; }
+}
+gate_start() {
+  # GATE_ONLY: the comma-separated runs of the suites to run (dcp_gate.py --only)
+  python3 evidence/dcp_gate.py start --suites "${GATE_SUITES:-all}" --work "$GATE" \
+    ${GATE_ONLY:+--only "$GATE_ONLY"} "$@"
+}
+gate_wait() {
+  local s; s=$(( $(left) - 25 ))
+  rm -rf "$DEST"
+  [ "$s" -gt 10 ] && python3 evidence/dcp_gate.py wait --work "$GATE" --seconds "$s" --dest "$DEST" \
+    | tail -40
+}
+case "${1:?first|wait|tests}" in
+  first)
+    deadline=${2:-}
+    [ -n "$deadline" ] || [ -n "${LEASE_END_S:-}" ] || { echo "first GATE_DEADLINE_S (or LEASE_END_S)"; exit 2; }
+    install_carried
+    # later calls need not carry .gpu for the environment
+    cp .gpu/device-env.sh "$R/device-env.sh"
+    mkdir -p "$GATE_OVERLAY" && cp .gpu-overlay/MANIFEST "$GATE_OVERLAY/" \
+      && rm -rf "$R/gpu-tests" && cp -r .gpu-tests "$R/gpu-tests" \
+      || { echo "carry .gpu-overlay and .gpu-tests in the first call"; exit 1; }
+    source .gpu/device-env.sh
+    # FlashInfer's trtllm all-reduce module, which every TP > 1 gate engine needs and whose
+    # JIT build held the 18:20Z lease's warm-up for 6 minutes (evidence/dev/prewarm_flashinfer.py):
+    # built beside the benches (nvcc on 4 jobs; the benches' times are CUDA-graph replays)
+    MAX_JOBS=4 setsid nohup python3 evidence/dev/prewarm_flashinfer.py > "$RES/prewarm-flashinfer.log" \
+      2>&1 < /dev/null &
+    # the gate checkpoints need only the CPU: made beside the benches (the 22:37Z lease's gate
+    # clock spent its first 3 minutes on them), on part of the cores
+    OMP_NUM_THREADS=8 python3 evidence/dcp_gate.py checkpoints --suites "${GATE_SUITES:-all}" \
+      --work "$GATE" > "$RES/checkpoints.log" 2>&1 < /dev/null &
+    ckpt_pid=$!
+    # BENCH_STAGES: the benches to run (default both; a lease that changed only the merge
+    # runs topk alone and gives the kernel's minutes to the gates; "none": no bench)
+    stages=${BENCH_STAGES:-kernel topk}; [ "$stages" = none ] && stages=
+    # shellcheck disable=SC2086  # the stage names, word-split on purpose
+    RES="$RES/session" bash evidence/dev/gpu_h200_session.sh $stages
+    tail -1 "$RES/prewarm-flashinfer.log" 2>/dev/null
+    wait "$ckpt_pid" || { echo "checkpoints failed"; tail -5 "$RES/checkpoints.log"; }
+    # LEASE_END_S: seconds after this call's start by which the lease's last call ends (the
+    # device budget left, less the calls' start-ups). The gates' deadline counts from their
+    # start, after install and benches (the 06:15Z lease gave 1350 s from there and its last
+    # call ended 150 s before it, so the three runs still in flight never got a record); with
+    # LEASE_END_S it ends GATE_COLLECT_S (90) before the lease does, so the runs it cuts are
+    # recorded and collected; a GATE_DEADLINE_S given too is an upper bound.
+    if [ -n "${LEASE_END_S:-}" ]; then
+      fit=$(( LEASE_END_S - ($(date +%s) - START) - ${GATE_COLLECT_S:-90} ))
+      if [ -z "$deadline" ] || [ "$fit" -lt "$deadline" ]; then deadline=$fit; fi
+    fi
+    [ "$deadline" -gt 0 ] || { echo "no time left for the gates (deadline $deadline s)"; pack; exit 1; }
+    # GATE_REUSE: a landed lease's run archive (build/leases/STAMP/gate-runs.tgz) whose
+    # finished runs the suite reuses instead of running them again (a lease cut short by a
+    # released machine); the gates refuse a pair whose records name different checkpoint bytes
+    if [ -n "${GATE_REUSE:-}" ]; then
+      mkdir -p "$GATE" && tar xzf "$GATE_REUSE" -C "$GATE" runs \
+        || { echo "GATE_REUSE: no runs/ in $GATE_REUSE"; pack; exit 1; }
+      echo "reusing $(ls "$GATE/runs" | wc -l) runs of $GATE_REUSE"
+    fi
+    echo "=== gates start $(date -u +%T), deadline ${deadline} s"
+    gate_start --deadline-s "$deadline"
+    mkdir -p "$RES/tree-tests"
+    # beside the gates the files run slowly (the 22:37Z lease's kernel test file needed more
+    # than 240 s): the stage may use the whole lease, each file 6 minutes
+    OUT="$RES/tree-tests" RES="$RES/tree-tests" TREE_TESTS="$R/gpu-tests" \
+      STAGE_TIMEOUT=${TREE_STAGE_S:-1100} FILE_TIMEOUT=${TREE_FILE_S:-360} setsid nohup \
+      bash evidence/dev/gpu_h200_session.sh tree-tests > "$RES/tree-tests/stage.log" 2>&1 < /dev/null &
+    gate_wait
+    tail -3 "$RES/tree-tests/tree-tests-h200.log" 2>/dev/null
+    pack ;;
+  wait)
+    if [ -f .gpu/device-env.sh ]; then source .gpu/device-env.sh; else source "$R/device-env.sh"; fi
+    # a previous call's end may have killed the daemon: start resumes it (the first start's
+    # absolute deadline wins: start keeps the earlier of the two)
+    python3 evidence/dcp_gate.py wait --work "$GATE" --seconds 1 > /dev/null 2>&1
+    [ $? -eq 4 ] && gate_start --deadline-s 99999
+    gate_wait
+    tail -3 "$RES/tree-tests/tree-tests-h200.log" 2>/dev/null
+    pack ;;
+  tests)
+    # the tree tests alone, no gates and no bench: a lease whose gates are done and whose
+    # tests want the GPU to themselves (install as in first; carry the last part, .gpu,
+    # .gpu-overlay and .gpu-tests). TREE_STAGE_S bounds the stage (default what the call
+    # leaves less 40 s), TREE_FILE_S each file (default 240).
+    install_carried
+    source .gpu/device-env.sh
+    stage_s=${TREE_STAGE_S:-$(( $(left) - 40 ))}
+    [ "$stage_s" -ge 30 ] || { echo "no time left for the tree tests (${stage_s} s)"; exit 1; }
+    mkdir -p "$RES/tree-tests"
+    OUT="$RES/tree-tests" RES="$RES/tree-tests" TREE_TESTS="$PWD/.gpu-tests" \
+      STAGE_TIMEOUT=$stage_s FILE_TIMEOUT=${TREE_FILE_S:-240} \
+      bash evidence/dev/gpu_h200_session.sh tree-tests > "$RES/tree-tests/stage.log" 2>&1 < /dev/null
+    grep -h "^== .*: " "$RES/tree-tests/tree-tests-h200.log" 2>/dev/null
+    pack_logs ;;
+  *) echo "unknown phase $1 (first | wait | tests)"; exit 2 ;;
+esac

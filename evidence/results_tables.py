@@ -1,0 +1,932 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Generate design/results.md and README.md's status table from the JSON files under results/.
+
+Docs never carry hand-typed figures: this script renders every table from the files the GPU and
+tool scripts wrote (each holding its command, revision and machine). Run after adding results:
+
+    python evidence/results_tables.py            # writes design/results.md, README's table
+    python evidence/results_tables.py --check    # exit 1 if either is out of date
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "evidence"))
+from gate.verdict import acceptance  # noqa: E402  (the spec-decode counters, read once)
+
+RESULTS = REPO / "results"
+OUT = REPO / "design" / "results.md"
+
+
+def load(pattern: str) -> list[tuple[str, dict[str, Any]]]:
+    """Every results/<pattern> file, sorted by name, as (file name, parsed JSON)."""
+    return [(p.name, json.loads(p.read_text())) for p in sorted(RESULTS.glob(pattern))]
+
+
+def table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines + [""]
+
+
+def _sensitivity_figure(s: dict) -> float | None:
+    """The sensitivity figure of one run: the lower bound (files since 2026-12-01 20Z), else
+    the common-ids figure the earlier files carry."""
+    if "min_first_step_move_lower_bound" in s:
+        return s["min_first_step_move_lower_bound"]
+    return s.get("min_first_step_max_abs_logprob_diff")
+
+
+def fmt(x: float | None, digits: int = 3) -> str:
+    """A figure for a table: whole numbers from 100 up, else ``digits`` significant digits."""
+    if x is None:
+        return "-"
+    if not isinstance(x, float):
+        return str(x)
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.{digits}g}"
+
+
+def ratio(x: float | None) -> str:
+    """A ratio for a table: two decimals."""
+    return "-" if x is None else f"{x:.2f}"
+
+
+def revision(d: dict[str, Any]) -> str:
+    rev = d.get("launched_at_revision") or d.get("git_revision") or d.get("revision")
+    if isinstance(rev, dict):
+        rev = rev.get("head") or rev.get("series") or rev.get("overlay_manifest_sha256")
+    return str(rev)[:12] if rev else "unknown"
+
+
+def base_of(d: dict[str, Any]) -> str:
+    """The vLLM base a result was measured on: ``base`` (a string or a dict with ``vllm``),
+    else the machine's recorded vLLM version."""
+    b = d.get("base")
+    if isinstance(b, dict):
+        b = b.get("vllm")
+    if isinstance(b, str) and b:
+        return b if b.startswith("vllm") else f"vllm {b}"
+    v = (d.get("machine") or {}).get("vllm")
+    return f"vllm {v}" if v else "unknown base"
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _splits(topk: int, block_n: int, num_splits: int) -> int:
+    """The split count a launch really uses: whole BLOCK_N tiles per split, no empty split."""
+    split_len = _cdiv(_cdiv(max(topk, 1), num_splits), block_n) * block_n
+    return max(1, _cdiv(topk, split_len))
+
+
+def policy_num_splits(
+    policy: str, programs: int, topk: int, block_h: int, block_n: int, num_sms: int
+) -> int:
+    """The split count of ``policy`` ("fill" or "occupancy") for one launch, as the kernel's
+    ``_fill_num_splits`` / ``_default_num_splits`` (patch 0002) compute it."""
+    if policy == "fill":
+        target = 2 * num_sms
+        want = 1 if programs >= target else min(_cdiv(topk, block_n), _cdiv(target, programs))
+    else:
+        target = num_sms * (2 if block_h <= 16 else 1)
+        if programs >= target:
+            want = 1
+        else:
+            want = min(max(1, topk // (2 * block_n)), _cdiv(target, programs))
+            want = 1 << (max(want, 1).bit_length() - 1)
+    return _splits(topk, block_n, max(1, want))
+
+
+# split_policy="auto" of patch 0002 (large-shared-memory GPUs): rows x head-blocks <= 4: the
+# half tile (BLOCK_H, 64, 8, 2) and "fill"; <= 8: the default tiling and "fill"; else the default
+# tiling and "occupancy". Always the base variant (no flat_records, no fold_scales).
+AUTO_FEW_PROGRAMS = 4
+AUTO_FILL_PROGRAMS = 8
+
+
+def auto_rule(e: dict[str, Any], num_sms: int) -> tuple[str, dict[str, Any] | None]:
+    """The "auto" launch of one bench row and the sweep point that timed that launch (None
+    when the sweep did not time it)."""
+    plan = e["default_plan"]
+    block_h = plan["block_h"]
+    rows = e.get("batch", e.get("rows"))
+    programs = rows * _cdiv(e["heads"], block_h)
+    tiling = [block_h, plan["block_n"], plan["num_warps"], plan["num_stages"]]
+    if programs <= AUTO_FEW_PROGRAMS:
+        tiling = [block_h, 64, 8, 2]
+    policy = "fill" if programs <= AUTO_FILL_PROGRAMS else "occupancy"
+    splits = policy_num_splits(policy, programs, e["topk"], block_h, tiling[1], num_sms)
+    rule = f"({', '.join(map(str, tiling))}) {policy} ×{splits}"
+    same = [
+        p
+        for p in e.get("points", [])
+        if p["variant"] == "base" and p["tiling"] == tiling and p["num_splits"] == splits
+    ]
+    same.sort(key=lambda p: p["splits_arg"] != policy)  # the point recorded under its name first
+    return rule, (same[0] if same else None)
+
+
+def _point_rule(p: dict[str, Any]) -> str:
+    return (
+        f"{p['variant']} ({', '.join(map(str, p['tiling']))}) {p['splits_arg']} ×{p['num_splits']}"
+    )
+
+
+def kernel_table(name: str, d: dict[str, Any]) -> list[str]:
+    """Schema 2 of evidence/bench_sparse_mla_kernel.py: default launch, "auto" rule and best
+    sweep point per row, CUDA-graph replayed; eager beside it."""
+    sms = d["machine"]["sms"]
+    out = [f"### Triton sparse-MLA vs FlashMLA-sparse (fp8_ds_mla), {base_of(d)}, `{name}`", ""]
+    out += [
+        f"Machine {d['machine']['gpu']} ({sms} SMs), torch {d['machine']['torch']}, Triton "
+        f"{d['machine']['triton']}, revision {revision(d)}, kernel sha256 "
+        f"{d['kernel_sha256'][:12]}; command `{d['command']}`.",
+        f"Timing: {d['timing']}.",
+        "Ratio = FlashMLA time / Triton time (> 1: Triton faster), both CUDA-graph replayed;",
+        "eager ratio = the same with both launched eagerly. Default = the kernel file's default",
+        'launch in that run. Auto = the sweep point of the `split_policy="auto"` launch (base',
+        f"variant; rows x head-blocks <= {AUTO_FEW_PROGRAMS}: (BLOCK_H, 64, 8, 2) fill; <= "
+        f"{AUTO_FILL_PROGRAMS}: default tiling fill; else default tiling occupancy). Best = the",
+        "fastest sweep point: variant (BLOCK_H, BLOCK_N, warps, stages) split policy ×splits.",
+        "% HBM = record bytes read / time / 4.8 TB/s.",
+        "",
+    ]
+    rows = []
+    for e in d["decode"] + d["extend"]:
+        rule, auto = auto_rule(e, sms)
+        best = e["triton_best"]
+        acc = (e.get("accuracy") or {}).get("base") or {}
+        rows.append(
+            [
+                e["kind"],
+                e.get("batch", e.get("rows")),
+                e["heads"],
+                e["topk"],
+                fmt(e["flashmla_graph_us"]),
+                fmt(e["triton_default_graph_us"]),
+                ratio(e["speed_over_flashmla"]),
+                rule,
+                fmt(auto["graph_us"]) if auto else "not timed",
+                ratio(auto["speed_over_flashmla"]) if auto else "-",
+                ratio(e["speed_over_flashmla_best"]),
+                _point_rule(best),
+                ratio(e["speed_over_flashmla_eager"]),
+                f"{fmt(e['triton_default_eager_us'])} / {fmt(e['flashmla_eager_us'])}",
+                f"{fmt(e['triton_default_pct_hbm'], 2)} / {fmt(e['flashmla_pct_hbm'], 2)}",
+                f"{fmt(acc.get('maxdiff_out_vs_flashmla'), 2)} / "
+                f"{fmt(acc.get('maxdiff_lse_vs_flashmla'), 2)}",
+            ]
+        )
+    out += table(
+        [
+            "kind",
+            "batch/rows",
+            "heads",
+            "top-k",
+            "FlashMLA graph µs",
+            "Triton default graph µs",
+            "default ratio",
+            "auto launch",
+            "auto graph µs",
+            "auto ratio",
+            "best ratio",
+            "best point",
+            "eager ratio",
+            "eager µs Triton / FlashMLA",
+            "% HBM Triton default / FlashMLA",
+            "max abs Δout / Δlse vs FlashMLA",
+        ],
+        rows,
+    )
+    choice = d.get("plan_choice") or {}
+    ranked = choice.get("global_ranked") or []
+    if ranked:
+        out += [
+            f"Single rules over all decode rows (the bench's `plan_choice`, accuracy gate "
+            f"{json.dumps(choice.get('accuracy_gate'), sort_keys=True)}; recommended: "
+            f"`{choice.get('recommended')}`; best per row at worst "
+            f"{ratio(choice.get('oracle_min_speed_over_flashmla'))} in its slowest "
+            "heads group):",
+            "",
+        ]
+        out += table(
+            ["rule", "rows", "geomean ratio", "min ratio", "accurate"],
+            [
+                [
+                    r["rule"],
+                    r["rows"],
+                    ratio(r["geomean_speed_over_flashmla"]),
+                    ratio(r["min_speed_over_flashmla"]),
+                    r["accurate"],
+                ]
+                for r in ranked
+            ],
+        )
+    return out
+
+
+def kernel_section() -> list[str]:
+    out: list[str] = []
+    for name, d in load("kernel-bench-*.json"):
+        out += kernel_table(name, d)
+    return out
+
+
+def _side(s: dict[str, Any]) -> str:
+    mode = "graphs" if s.get("graphs") else "eager"
+    extra = s.get("engine_extra") or {}
+    tags = [f"{k}={v}" for k, v in sorted(extra.items()) if k != "speculative_config"]
+    spec = extra.get("speculative_config")
+    if spec:
+        depth = spec.get("adaptive_speculative_tokens_ladder") or spec.get("num_speculative_tokens")
+        tags.append(f"mtp {depth}")
+    if s.get("variant") == "patched":  # files before per-run variants render as they did
+        tags.insert(0, "patched")
+    return (
+        f"TP={s.get('tp')} DCP={s.get('dcp')} {mode}"
+        + "".join(f", {t}" for t in tags)
+        + ("" if s.get("ok") else " (failed)")
+    )
+
+
+def _problems(d: dict[str, Any], width: int = 90) -> str:
+    """Why a gate has no verdict (a run cut by the deadline, a failed rank): its first
+    recorded problem, shortened, and how many more there are; '-' when none."""
+    problems = [str(p) for p in d.get("problems") or []]
+    if not problems:
+        return "-"
+    first = problems[0].replace("|", "/")
+    first = first if len(first) <= width else first[: width - 1] + "…"
+    return first + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
+
+
+def dcp_gate_section() -> list[str]:
+    """The DCP gates (evidence/dcp_gate.py): noise floor, tolerance and sensitivity per
+    checkpoint, then one row per gate (DCP > 1 against DCP = 1 at the same TP)."""
+    out: list[str] = []
+    noise = load("dcp-gate-noise-*.json")
+    if noise:
+        out += [
+            "### DCP gates: noise floor, tolerance, sensitivity",
+            "",
+            "Noise pairs are legitimate reorderings (TP=2 DCP=1 vs TP=1; identical runs): the",
+            "largest |Δ log-prob| over shared-context steps and common top-20 ids. Sensitivity:",
+            "one prompt token changed at position 5, smallest move of the first generated step",
+            "over the single prompts (×tol = that move / the tolerance).",
+            "",
+        ]
+        rows = []
+        for name, d in noise:
+            pairs = "; ".join(
+                f"{k.split(': ', 1)[-1]} {fmt(v['max_abs_logprob_diff'], 2)}"
+                for k, v in sorted(d["noise_pairs"].items())
+            )
+            sens = "; ".join(
+                f"{run}: {fmt(_sensitivity_figure(s), 3)} (×tol {fmt(s.get('over_tolerance'), 3)})"
+                for run, s in sorted(d["sensitivity"].items())
+            )
+            t = d["tolerance"]
+            made = {
+                json.dumps(c.get("gains"), sort_keys=True)
+                for c in (d.get("checkpoints") or {}).values()
+                if c and c.get("gains")
+            }
+            rows.append(
+                [
+                    d["checkpoint"] + "".join(f" gains {m}" for m in sorted(made)),
+                    pairs,
+                    fmt(t["noise_floor"], 2),
+                    fmt(t["atol_logprob"], 2),
+                    sens or "not measured",
+                    f"`{name}`",
+                ]
+            )
+        out += table(
+            ["checkpoint", "noise pairs", "noise floor", "tolerance", "sensitivity", "file"], rows
+        )
+    for name, d in load("dcp-gate-ckpt-check*.json"):
+        out += [
+            f"### DCP gate checkpoints at layer 0 (CPU, fp32, no rope/fp8), `{name}`",
+            "",
+            "Key 0 is the needle (or, without one, an ordinary token): its rank in the indexer",
+            "scores of 128 random queries over 4096 keys, and its MLA attention weight among",
+            "index_topk keys (mean / min over heads and queries).",
+            "",
+        ]
+        rows = []
+        for ck, r in sorted(d["checkpoints"].items()):
+            c = r["layer0_check"]
+            rank = c.get("indexer_rank_of_key0") or {}
+            att = c["attention_weight_of_key0"]
+            rows.append(
+                [
+                    ck,
+                    json.dumps(r["gains"], sort_keys=True),
+                    (r.get("needle") or {}).get("needle_id", "-"),
+                    f"{rank.get('median', '-')} / {rank.get('max', '-')}",
+                    fmt(rank.get("in_topk_fraction"), 3),
+                    f"{fmt(att['mean'], 3)} / {fmt(att['min'], 3)}",
+                    fmt(att["uniform_would_be"], 3),
+                ]
+            )
+        out += table(
+            [
+                "checkpoint",
+                "gains",
+                "needle",
+                "indexer rank median / max",
+                "in top-k",
+                "attention weight mean / min",
+                "uniform",
+            ],
+            rows,
+        )
+    refs = load("dcp-gate-ckpt-reference-*.json")
+    if refs:
+        out += [
+            "### DCP gate checkpoints through the CPU forward (predictions, not GPU runs)",
+            "",
+            "`evidence/gate_ckpt_reference.py` (fp32, no fp8, simplified RoPE): the gate's prompts",
+            "and its sensitivity perturbation; the bound is the gate's sensitivity measure, the",
+            "tolerance 4 x the bf16 ULP of the largest top-k logit.",
+            "",
+        ]
+        rows = []
+        for name, d in refs:
+            knobs = [a for a in d["checkpoint_args"] if "=" in a]
+            per = d["per_prompt"]
+            rows.append(
+                [
+                    f"`{name}`",
+                    d["checkpoint_args"][1] + (" " + " ".join(knobs) if knobs else ""),
+                    "; ".join(
+                        f"{k.split('/')[1].split('~')[0]}: "
+                        f"{fmt(v['first_step_move_lower_bound'], 3)}"
+                        f" (logit {fmt(v['max_top_logit'], 3)})"
+                        for k, v in per.items()
+                    ),
+                    fmt(d["predicted_tolerance"], 3),
+                    fmt(d["predicted_over_tolerance"], 3),
+                    revision(d),
+                ]
+            )
+        out += table(
+            [
+                "file",
+                "checkpoint",
+                "bound per prompt (largest top-k logit)",
+                "tolerance",
+                "×tol",
+                "revision",
+            ],
+            rows,
+        )
+    gates = load("dcp-gate-*.json")
+    rows = []
+    for name, d in gates:
+        if d.get("kind") != "dcp_gate":
+            continue
+        prompts = d.get("prompts", {})
+        same = sum(1 for p in prompts.values() if p.get("first_token_difference") is None)
+        neg = d.get("negative_control", {})
+        kind = d.get("gate_kind", "dcp")
+        if kind == "wire":
+            w = d.get("wire") or {}
+            kind += (
+                f" (×floor {fmt(w.get('ratio_to_noise_floor'), 2)}, wire atol "
+                f"{fmt((w.get('tolerance') or {}).get('atol_logprob'), 2)}: "
+                f"{w.get('equivalent_under_wire_tolerance')})"
+            )
+        if kind == "spec":
+            ran = d["dcp"]["candidate"].get("ok") and d["dcp"]["reference"].get("ok")
+            exact = d["spec"]["tokens_exact"]["all_exact"] if ran else "not run"
+            # the gate file keeps the speculative run's per-pass counters under spec.acceptance
+            taken = acceptance({"spec": d["spec"].get("acceptance")})
+            kind += f" (tokens exact: {exact}" + (
+                f", accepted {_accepted(taken)})" if taken else ")"
+            )
+        if kind == "accept":
+            acc = d["accept"]
+            kind += (
+                f" (accepted {_accepted(acc['candidate'])} vs {_accepted(acc['reference'])} at "
+                f"DCP=1, tokens exact: {acc['tokens_exact']['all_exact']})"
+            )
+        rows.append(
+            [
+                f"`{name}`" + ("" if kind == "dcp" else f" [{kind}]"),
+                _side(d["dcp"]["reference"]),
+                _side(d["dcp"]["candidate"]),
+                ", ".join(d["backend"].get("candidate_used") or ["?"]),
+                f"{same}/{len(prompts)}",
+                fmt(d.get("max_abs_logprob_diff"), 2),
+                fmt(d["tolerance"]["atol_logprob"], 2),
+                d["equivalent"],
+                f"{d['negative_control_detected']} ({fmt(neg.get('max_abs_logprob_diff'), 2)})",
+                fmt(d.get("sensitivity", {}).get("over_tolerance"), 2),
+                d.get("meaningful"),
+                revision(d),
+                _problems(d),
+            ]
+        )
+    if rows:
+        label = next((d.get("timing_label") for _, d in gates if d.get("timing_label")), "")
+        out += [
+            "### DCP gates: DCP > 1 against DCP = 1",
+            "",
+            f"Ranks: {label}. Prompts: 1k/8k/32k singles and one batch of 4 requests of",
+            "different lengths, 32 greedy tokens, top-20 log-probs per step. Negative control:",
+            "one DCP rank's partial dropped from the LSE merge (its max |Δ log-prob| in brackets).",
+            "meaningful = sensitivity >= 5x the tolerance and the negative control detected; a",
+            "gate that is not meaningful proves nothing either way.",
+            "",
+        ]
+        out += table(
+            [
+                "file",
+                "reference",
+                "candidate",
+                "backend/impl/kv used",
+                "tokens equal",
+                "max abs Δlogprob",
+                "atol",
+                "equivalent",
+                "negative control detected",
+                "sensitivity ×tol",
+                "meaningful",
+                "revision",
+                "problems",
+            ],
+            rows,
+        )
+    for name, d in gates:
+        if d.get("kind") == "dcp_gate_decode_rates":
+            out += decode_rates_table(name, d)
+    return out
+
+
+def _accepted(counts: dict[str, Any] | None) -> str:
+    """verdict.acceptance's counts as accepted/drafted."""
+    return f"{counts['accepted_tokens']}/{counts['draft_tokens']}" if counts else "-"
+
+
+def decode_rates_table(name: str, d: dict[str, Any]) -> list[str]:
+    """dcp_gate.py decode-rates: the gate runs' decode tok/s and how crowded the GPU was."""
+    out = [
+        f"### Decode rates of the gate runs, `{name}`",
+        "",
+        f"{d['label']}. Runs of revision {', '.join(d.get('runs_revision', []))}, base "
+        f"{', '.join(d.get('base', []))}; command `{d['command']}`.",
+        "",
+    ]
+    rows = [
+        [
+            r["run"],
+            r["variant"],
+            r["backend"],
+            f"TP={r['tp']} DCP={r['dcp']}" + (" graphs" if r.get("graphs") else ""),
+            ", ".join(f"{k}={v}" for k, v in (r.get("engine_extra") or {}).items()) or "-",
+            fmt(r["single_request_median"]),
+            f"{r['ranks_alive_mean']} / {r['ranks_alive_max']}",
+        ]
+        for r in d["rows"]
+    ]
+    return out + table(
+        [
+            "run",
+            "tree",
+            "backend",
+            "parallel",
+            "extra",
+            "decode tok/s (median of single requests)",
+            "ranks alive mean / max",
+        ],
+        rows,
+    )
+
+
+MERGE_GRIDS = {
+    "decode": "decode grid (random scores, 1-64 rows)",
+    "old36": "the 36-case grid of the 0.26.0 check (random / ties / short rows, 64 and 2048 rows)",
+}
+
+
+MERGE_EXTRA = {
+    "triton_range": "Triton range first pass",
+    "triton_rank": "Triton range + rank",
+    "triton_radix4": "Triton radix-4",
+    "triton_radix11": "Triton radix-11",
+    "triton_bisect": "Triton bisect",
+}
+
+
+def merge_table(name: str, d: dict[str, Any]) -> list[str]:
+    """Schema 2 of evidence/bench_dcp_topk.py: the exact DCP top-k merge, Triton and torch
+    against CuTe DSL, per grid."""
+    s = d["summary"]
+    m = d["machine"]
+    out = [
+        f"### DCP global top-k merge: Triton and torch vs CuTe DSL, {base_of(d)}, `{name}`",
+        "",
+        f"Machine {m['gpu']}, torch {m['torch']}, Triton {m['triton']}, nvidia-cutlass-dsl "
+        f"{m.get('nvidia-cutlass-dsl', '?')}; revision {revision(d)}; command `{d['command']}`.",
+        f"Cases {s['cases_identical']}/{s['cases']} identical (same selected set and bit-identical"
+        " packs as CuTe DSL). × = the implementation's merge time / CuTe DSL's (< 1: faster),",
+        "CUDA-graph replayed unless marked eager. Largest × at decode shapes: Triton "
+        f"{ratio(s['decode_max_time_over_cutedsl']['triton'])}, torch "
+        f"{ratio(s['decode_max_time_over_cutedsl']['torch'])}; over all cases: Triton "
+        f"{ratio(s['max_time_over_cutedsl']['triton'])}, torch "
+        f"{ratio(s['max_time_over_cutedsl']['torch'])}.",
+        "",
+    ]
+    # the Triton selector variants a run timed beside its default (radix 8); they left the
+    # patch after the 09:59Z run, but the runs that timed them keep their columns
+    extra = [v for v in MERGE_EXTRA if v in d["cases"][0]["time_over_cutedsl"]]
+    for grid in sorted({c["grid"] for c in d["cases"]}, key=lambda g: (g != "decode", g)):
+        cases = [c for c in d["cases"] if c["grid"] == grid]
+        out += [f"{MERGE_GRIDS.get(grid, grid)}:", ""]
+        rows = [
+            [
+                c["topk"],
+                c["dcp"],
+                c["kind"],
+                c["rows"],
+                c["candidates_per_row"],
+                fmt(c["timings"]["cutedsl"]["merge_graph_ms"] * 1e3),
+                ratio(c["time_over_cutedsl"]["triton"]),
+                *[ratio(c["time_over_cutedsl"][v]) for v in extra],
+                ratio(c["time_over_cutedsl"]["torch"]),
+                ratio(c["time_over_cutedsl_eager"]["triton"]),
+                ratio(c["time_over_cutedsl_eager"]["torch"]),
+                c["identical"] and c.get("packs_bit_identical", True),
+            ]
+            for c in cases
+        ]
+        out += table(
+            [
+                "top-k",
+                "DCP",
+                "inputs",
+                "rows",
+                "candidates/row",
+                "CuTe DSL graph µs",
+                "Triton ×",
+                *[f"{MERGE_EXTRA[v]} ×" for v in extra],
+                "torch ×",
+                "Triton × eager",
+                "torch × eager",
+                "identical",
+            ],
+            rows,
+        )
+    return out
+
+
+def merge_compile_table(name: str, d: dict[str, Any]) -> list[str]:
+    """proofs/dcp_topk_merge_sm90_compile.py: every launch of the Triton merge compiled for
+    sm_90 offline (no GPU): compile facts, not timings."""
+    rows = [
+        [
+            launch["kernel"].strip("_"),
+            launch.get("candidates", "-"),
+            ", ".join(f"{k}={v}" for k, v in launch["consts"].items()),
+            launch["num_warps"],
+            "yes" if launch["ok"] else "NO",
+            launch.get("registers", "-"),
+            launch.get("stack_bytes", "-"),
+            launch.get("shared_bytes", "-"),
+        ]
+        for launch in d["launches"]
+    ]
+    head = [
+        f"### `{name}`: offline {d['target']} compile, Triton {d['triton']} "
+        f"({len(rows) - d['failed']} of {len(rows)} launches compiled; no GPU, no timing)",
+        "",
+    ]
+    return head + table(
+        [
+            "kernel",
+            "candidates",
+            "constexprs",
+            "warps",
+            "compiled",
+            "registers",
+            "spill bytes",
+            "shared bytes",
+        ],
+        rows,
+    )
+
+
+def topk_section() -> list[str]:
+    out: list[str] = []
+    for name, d in load("dcp-topk-*.json"):
+        if d.get("kind") == "dcp_topk_merge_sm90_compile":
+            out += merge_compile_table(name, d)
+        else:
+            out += merge_table(name, d)
+    return out
+
+
+def topk_order_section() -> list[str]:
+    """evidence/repro_topk_order.py: does the indexer top-k return the same order each call,
+    does FlashMLA sparse decode depend on the order, and what a per-row sort costs."""
+    out: list[str] = []
+    for name, d in load("topk-order-*.json"):
+        out += [
+            f"### Indexer top-k index order, {base_of(d)}, `{name}`",
+            "",
+            f"Machine {d['machine']['gpu']}, torch {d['machine']['torch']}; revision "
+            f"{revision(d)}; command `{d['command']}`. Rows whose index order (or set) differs "
+            "between repeated calls on the same scores:",
+            "",
+        ]
+        out += table(
+            [
+                "kind",
+                "rows",
+                "context",
+                "top-k",
+                "exact ties",
+                "calls",
+                "order differs",
+                "set differs",
+            ],
+            [
+                [
+                    r["kind"],
+                    r["rows"],
+                    r["ctx"],
+                    r["topk"],
+                    r["ties"],
+                    r["calls"],
+                    r["rows_order_differs"],
+                    r["rows_set_differs"],
+                ]
+                for r in d["order"]
+            ],
+        )
+        out += [
+            "FlashMLA sparse decode on the same indices, in the same and in permuted order:",
+            "",
+        ]
+        out += table(
+            [
+                "batch",
+                "heads",
+                "top-k",
+                "same order bit-identical",
+                "permuted bit-identical",
+                "permuted max abs Δout",
+                "permuted max abs Δlse",
+            ],
+            [
+                [
+                    a["batch"],
+                    a["heads"],
+                    a["topk"],
+                    a["same_order_bit_identical"],
+                    a["permuted_bit_identical"],
+                    fmt(a["permuted_max_abs_out_diff"], 3),
+                    fmt(a["permuted_max_abs_lse_diff"], 3),
+                ]
+                for a in d["attention"]
+            ],
+        )
+        out += ["A per-row sort of the top-k indices (not shipped):", ""]
+        out += table(
+            [
+                "rows",
+                "context",
+                "top-k",
+                "calls",
+                "rows differing after sort",
+                "sort ms",
+                "top-k ms",
+                "sort / top-k",
+            ],
+            [
+                [
+                    f["rows"],
+                    f["ctx"],
+                    f["topk"],
+                    f["calls"],
+                    f["rows_differ_after_sort"],
+                    fmt(f["sort_ms"], 3),
+                    fmt(f["topk_ms"], 3),
+                    ratio(f["sort_ms"] / f["topk_ms"]),
+                ]
+                for f in d["fix"]
+            ],
+        )
+        if d.get("errors"):
+            out += [f"Errors: {'; '.join(map(str, d['errors']))}", ""]
+    return out
+
+
+def tool_section() -> list[str]:
+    out: list[str] = []
+    runs = load("bench_tool-*.json")
+    if runs:
+        name, d = runs[-1]
+        f = d["figures"]
+        out += [f"### patchset timings (2-core CI-class machine), `{name}`", ""]
+        out += table(
+            ["step", "median s", "min s", "target s", "within"],
+            [
+                [k, f[k]["median_s"], f[k]["min_s"], d["targets_s"][k], d["within_targets"][k]]
+                for k in ("apply_verify", "wheel")
+            ],
+        )
+        out += [f"Series at that run: {d['series']['vllm_patches']} vLLM patch(es).", ""]
+    for name, d in load("rebase-*.json"):
+        out += [
+            f"### Rebase dry-run {d['from']['version']} -> {d['onto']['version']}, `{name}`",
+            "",
+        ]
+        out += table(
+            ["patch", "status", "conflicting files"],
+            [
+                [p["name"], p["status"], ", ".join(c["path"] for c in p.get("conflicts", []))]
+                for p in d["patches"]
+            ],
+        )
+    return out
+
+
+def export_section() -> list[str]:
+    out: list[str] = []
+    for name, d in load("export-check*.json"):
+        out += [f"### Each patch standalone on the pinned base (+ its Depends-on), `{name}`", ""]
+        out += table(
+            ["patch", "depends on", "standalone", "its own vLLM-tree tests (CPU)"],
+            [
+                [p, ", ".join(r["depends_on"]) or "-", r["standalone"], r["tests"]["summary"]]
+                for p, r in d["patches"].items()
+            ],
+        )
+    return out
+
+
+# -- the README's status table -----------------------------------------------------------------
+
+README = REPO / "README.md"
+STATUS_BEGIN = "<!-- status table: generated by evidence/results_tables.py, do not edit -->"
+STATUS_END = "<!-- end of status table -->"
+_GATE_NAME = re.compile(
+    r"^(?:p-)?(?P<ckpt>[a-z0-9]+)-tp(?P<tp>\d+)-dcp(?P<dcp>\d+)(?:-(?P<rest>.*))?$"
+)
+_BACKEND_TOKENS = ("triton_mla_sparse_fp8_ds_mla", "flashmla_sparse", "flash_attn_mla_sparse")
+
+
+def _gate_subject(rest: str) -> str:
+    """What a gate compares, from the part of its name after ``-tpN-dcpM``."""
+    words = [w for w in rest.split("-") if w not in ("graphs", "eager", "bf16", *_BACKEND_TOKENS)]
+    key = "-".join(words)
+    if key in ("", "32k"):
+        return "DCP vs DCP = 1" + (" (32k prompt)" if key else "")
+    if key == "ckv":
+        return "packed-CKV prefill route vs DCP = 1"
+    if key == "ckv-vs-query":
+        return "packed-CKV route vs query route"
+    if key == "fp8wire-vs-auto":
+        return "fp8 wire vs bf16 wire"
+    m = re.fullmatch(r"merge-(\w+)(-vs-auto)?", key)
+    if m:
+        return f"{m.group(1)} top-k merge vs " + ("auto" if m.group(2) else "DCP = 1")
+    m = re.fullmatch(r"mtp(\w+?)-(vs-nospec|accept)", key)
+    if m:
+        if m.group(2) == "accept":
+            return f"MTP {m.group(1)}, accepted drafts vs DCP = 1"
+        return f"MTP {m.group(1)} vs no speculation"
+    return key
+
+
+def status_rows() -> list[list[str]]:
+    """One row per (what is compared, backend, model geometry): per DCP size, whether every
+    gate of it is meaningful and equivalent, in which modes, and its largest diff / tolerance."""
+    cells: dict[tuple[str, str, str], dict[str, list[tuple[str, bool, float]]]] = {}
+    for _, d in load("dcp-gate-*.json"):
+        m = _GATE_NAME.match(str(d.get("name", "")))
+        if d.get("kind") != "dcp_gate" or not m:
+            continue
+        backend = (d["backend"].get("candidate_used") or ["?"])[0].split("/")[0]
+        model = "V3.2" if m["ckpt"].startswith("v32") else "GLM-5"
+        argv = (d.get("checkpoint") or {}).get("argv") or []
+        heads = argv[argv.index("--heads") + 1] if "--heads" in argv else None
+        if heads:
+            model += f", {heads} heads"
+        key = (_gate_subject(m["rest"] or ""), backend, model)
+        mode = "graphs" if d["dcp"]["candidate"].get("graphs") else "eager"
+        diff, tol = d.get("max_abs_logprob_diff"), d["tolerance"]["atol_logprob"]
+        ok = bool(d.get("meaningful") and d.get("equivalent"))
+        ratio = diff / tol if diff is not None and tol else float("nan")
+        column = f"TP {m['tp']} DCP {m['dcp']}"
+        cells.setdefault(key, {}).setdefault(column, []).append((mode, ok, ratio))
+    columns = sorted({c for v in cells.values() for c in v})
+    rows = []
+    for key in sorted(cells):
+        row = [*key]
+        for column in columns:
+            got = cells[key].get(column)
+            if not got:
+                row.append("-")
+                continue
+            modes = "+".join(sorted({mode for mode, _, _ in got}))
+            mark = "✓" if all(ok for _, ok, _ in got) else "✗"
+            row.append(f"{mark} {modes}, ≤ {max(r for _, _, r in got):.2f} tol")
+        rows.append(row)
+    return [["compared", "backend", "model geometry", *columns], *rows]
+
+
+def patch_rows() -> list[list[str]]:
+    """The series in apply order: patch and its subject (``[PATCH]`` dropped, unfolded)."""
+    rows = [["patch", "subject"]]
+    for line in (REPO / "series").read_text().splitlines():
+        name = line.split("#", 1)[0].strip()
+        if not name:
+            continue
+        header = (REPO / "patches" / name).read_text().split("\n\n", 1)[0]
+        subject = re.search(r"^Subject: (.*(?:\n .*)*)", header, re.MULTILINE)
+        title = re.sub(r"\s*\n\s*", " ", subject.group(1)) if subject else "?"
+        rows.append([f"`{name.removesuffix('.patch')}`", re.sub(r"^\[PATCH[^\]]*\] ", "", title)])
+    return rows
+
+
+def status_block() -> str:
+    """The README's status table with the sentence that says how to read it."""
+    header, *rows = status_rows()
+    gates = sum(
+        1 for _, d in load("dcp-gate-*.json") if d.get("kind") == "dcp_gate" and d.get("meaningful")
+    )
+    lines = [
+        STATUS_BEGIN,
+        f"{gates} meaningful DCP gates in `results/` (vLLM 0.33.0 + the series, one H200, DCP",
+        "ranks sharing the GPU). ✓: every gate of the cell was meaningful (sensitive to one",
+        "prompt token, negative control caught) and equivalent; ≤ x tol: the largest",
+        "log-prob difference as a fraction of the gate's tolerance.",
+        "",
+        *table(header, rows),
+        *table(*(lambda r: (r[0], r[1:]))(patch_rows())),
+        STATUS_END,
+    ]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def readme_with_status(text: str) -> str:
+    """``text`` (README.md) with the block between the status markers regenerated."""
+    if STATUS_BEGIN not in text or STATUS_END not in text:
+        raise SystemExit(f"README.md has no status markers ({STATUS_BEGIN!r} ... {STATUS_END!r})")
+    before = text[: text.index(STATUS_BEGIN)]
+    after = text[text.index(STATUS_END) + len(STATUS_END) :].removeprefix("\n")
+    return before + status_block() + after
+
+
+def render() -> str:
+    lines = [
+        "# Evidence tables",
+        "",
+        "Generated by `python evidence/results_tables.py` from `results/*.json`; do not edit.",
+        "Each JSON holds the command, revision and machine of its run.",
+        "",
+    ]
+    for section in (
+        kernel_section,
+        dcp_gate_section,
+        topk_section,
+        topk_order_section,
+        tool_section,
+        export_section,
+    ):
+        lines += section()
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="fail if a file is out of date")
+    args = ap.parse_args(argv)
+    outputs = {OUT: render(), README: readme_with_status(README.read_text())}
+    stale = [
+        path for path, text in outputs.items() if not path.is_file() or path.read_text() != text
+    ]
+    if args.check:
+        for path in stale:
+            print(f"{path.relative_to(REPO)} is out of date: run evidence/results_tables.py")
+        return 1 if stale else 0
+    for path in stale:
+        path.write_text(outputs[path])
+        print(f"wrote {path.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

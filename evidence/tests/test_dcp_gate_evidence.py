@@ -1,0 +1,365 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The gate's negative-control rank on needle checkpoints and the ledger comparison
+(evidence/gate/plan.py, evidence/gate/ledger.py): pure Python, no vLLM."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gate import ledger, plan  # noqa: E402
+
+
+@pytest.mark.parametrize("dcp", [2, 4])
+def test_needle_runs_fault_the_needles_rank(dcp: int) -> None:
+    """With a needle checkpoint the fault drops the DCP rank that holds the needle (its
+    position modulo DCP), not the last rank; without one, and when a rank is given, the
+    configuration keeps what it says."""
+    cfg = plan.GateConfig(name="n", model="m", tp=4, dcp=dcp, passes=("clean", "fault"), needle=7)
+    assert cfg.fault_rank % dcp == plan.PERTURB_POSITION % dcp == 1
+    plain = plan.GateConfig(name="p", model="m", tp=4, dcp=dcp, passes=("clean", "fault"))
+    assert plain.fault_rank % dcp == dcp - 1
+    given = plan.GateConfig(name="g", model="m", tp=4, dcp=dcp, needle=7, fault_rank=0)
+    assert given.fault_rank == 0
+    # the resolved rank survives the run record round trip
+    assert plan.GateConfig.from_json(cfg.to_json()).fault_rank == cfg.fault_rank
+
+
+def _run(name: str, prompts: dict[str, str], phases: dict[str, tuple[int, int]]) -> dict:
+    layers = {
+        f"model.layers.{i}.self_attn.attn": {
+            ph: {"calls": c, "wire_bytes": b, "mean_ms": 1.0, "timed_calls": c}
+            for ph, (c, b) in phases.items()
+        }
+        for i in range(2)
+    }
+    summary = {"capacity": 64, "armed": True, "layers": layers}
+    return {
+        "name": name,
+        "config": {"dcp": 2, "engine_extra": {}},
+        "transport": plan.TRANSPORT_EMULATED,
+        "passes": {"clean": {k: {"prompt_sha256": v} for k, v in prompts.items()}},
+        "ledger": [{"rank": r, "passes": {"clean": summary}} for r in (0, 1)],
+    }
+
+
+def test_ledger_compares_bytes_per_rank_per_layer() -> None:
+    """Per rank the ledger sums each phase over layers and gives bytes per layer; ratios are
+    to the first entry; the emulation label travels with the times."""
+    prompts = {"single/1024": "a", "batch/0/700": "b"}
+    query = _run("q", prompts, {"q_gather": (10, 1000), "combine": (10, 600)})
+    ckv = _run("c", prompts, {"ckv_gather": (2, 40), "q_gather": (8, 8), "combine": (8, 8)})
+    out = ledger.compare({"query": (query, "clean"), "ckv": (ckv, "clean")})
+    q0 = out["entries"]["query"]["per_rank"]["0"]
+    assert q0["layers"] == 2 and q0["wire_bytes"] == 3200 and q0["wire_bytes_per_layer"] == 1600
+    assert out["entries"]["ckv"]["wire_bytes_over_query"]["1"] == pytest.approx(56 * 2 / 3200)
+    assert out["timing_label"] == plan.TRANSPORT_EMULATED
+    json.dumps(out)  # a result file
+
+
+def test_ledger_refuses_other_prompts_and_missing_ledgers() -> None:
+    """Runs that served other prompts, a pass without a ledger and a disarmed ledger are
+    errors, not comparisons."""
+    query = _run("q", {"single/1024": "a"}, {"q_gather": (1, 1)})
+    other = _run("o", {"single/1024": "DIFFERENT"}, {"q_gather": (1, 1)})
+    with pytest.raises(ValueError, match="other prompts"):
+        ledger.compare({"query": (query, "clean"), "other": (other, "clean")})
+    with pytest.raises(ValueError, match="no 'repeat'"):
+        ledger.pass_ledger(query, "repeat")
+    with pytest.raises(ValueError, match="no ledger"):
+        ledger.pass_ledger({**query, "ledger": []}, "clean")
+    query["ledger"][0]["passes"]["clean"]["armed"] = False
+    with pytest.raises(ValueError, match="disarmed"):
+        ledger.pass_ledger(query, "clean")
+
+
+def test_calibration_suite_and_the_all_queue_resolve() -> None:
+    """The needle calibration varies only the attention output gain, every candidate has
+    its noise pairs and a sensitivity run, and the queue of every gate starts with the stock
+    needle rows and leaves the calibration out (the CPU forward, gate_ckpt_reference.py,
+    predicts a checkpoint's sensitivity)."""
+    from gate import plans
+
+    cal = plans.SUITES["needle-calibrate"]
+    for g in plans.CALIBRATE_GAINS:
+        args = cal["checkpoints"][f"glmn-o{g}"]
+        base = ["--arch", "glm", *plans.NEEDLE_ARGS]
+        diff = [(a, b) for a, b in zip(args, base, strict=True) if a != b]
+        main_gain = plans.NEEDLE_ARGS[plans.NEEDLE_ARGS.index("--o-gain") + 1]
+        assert diff == [(g, main_gain)] and args[args.index(g) - 1] == "--o-gain"
+        names = {r["name"] for r in cal["runs"]}
+        assert {f"glmn-o{g}-tp1-dcp1", f"glmn-o{g}-tp2-dcp1"} <= names
+        assert f"glmn-o{g}: TP=2 DCP=1 vs TP=1" in cal["noise"]
+    every = plans.QUEUES["all"]
+    assert every[0] == "needle-eager" and "needle-calibrate" not in every
+    assert set(plans.SUITES) - set(every) <= {
+        "needle-calibrate",
+        "smoke",
+        "patched-variants",
+    } | set(n for q in ("long-prompts",) for n in plans.QUEUES[q])
+    assert "answer_logit=7" in plans.NEEDLE_ARGS
+
+
+def test_the_split_variant_suites_are_the_variant_suite() -> None:
+    """patched-merges, patched-mtp and patched-routes hold every run and gate of
+    patched-variants exactly once, and the next lease's queue holds all three."""
+    from gate import plans
+
+    parts = [plans.SUITES[n] for n in ("patched-merges", "patched-mtp", "patched-routes")]
+    whole = plans.SUITES["patched-variants"]
+    names = [r["name"] for p in parts for r in p["runs"]]
+    assert sorted(names) == sorted(r["name"] for r in whole["runs"])
+    assert len(names) == len(set(names))
+    gates = [g for p in parts for g in p["gates"]]
+    assert sorted(gates) == sorted(whole["gates"]) and len(gates) == len(set(gates))
+    assert all(p["runs"] and p["gates"] for p in parts)
+    assert {"patched-merges", "patched-mtp", "patched-routes"} <= set(plans.QUEUES["dcp2"])
+    merges = [r["name"] for r in plans.SUITES["patched-merges"]["runs"]]
+    assert merges[0].endswith("-merge-triton")
+
+
+def test_multi_rank_runs_switch_the_allreduce_rms_fusion_off() -> None:
+    """Runs of more than one rank turn vLLM's all-reduce + RMSNorm fusion off (its FlashInfer
+    workspace took 4.6 minutes of a cold start), eager and with graphs alike, without losing
+    the graph settings; a single rank keeps vLLM's defaults."""
+    from gate import worker
+
+    eager = worker.engine_kwargs(plan.GateConfig(name="e", model="m", tp=2, dcp=2))
+    assert eager["compilation_config"] == {"pass_config": {"fuse_allreduce_rms": False}}
+    graphs = worker.engine_kwargs(plan.GateConfig(name="g", model="m", tp=4, graphs=True))
+    assert graphs["compilation_config"]["pass_config"] == {"fuse_allreduce_rms": False}
+    assert graphs["compilation_config"]["cudagraph_mode"] == "FULL_AND_PIECEWISE"
+    single = worker.engine_kwargs(plan.GateConfig(name="s", model="m"))
+    assert "compilation_config" not in single
+
+
+def test_merge_spy_catches_a_run_that_merged_with_another_backend(monkeypatch) -> None:
+    """The worker notes the backend every DCP merge call receives; a run that asked for the
+    torch merge but merged with the default one is a problem, one that merged with torch is
+    not, and a run that asked for nothing in particular is never one."""
+    import types
+
+    from gate import worker
+
+    calls = []
+    fake = types.ModuleType("vllm.model_executor.layers.sparse_attn_indexer")
+    fake._merge_dcp_topk_global = lambda *a, **k: calls.append(k.get("backend"))
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    monkeypatch.setattr(worker, "_MERGES_SEEN", set())
+    worker.install_merge_spy()
+    worker.install_merge_spy()  # idempotent
+    torch_run = plan.GateConfig(
+        name="t",
+        model="m",
+        tp=2,
+        dcp=2,
+        variant="patched",
+        engine_extra={"kernel_config": {"sparse_indexer_dcp_merge_backend": "torch"}},
+    )
+    fake._merge_dcp_topk_global("logits", "idx")  # the caller passed no backend: "auto"
+    assert calls == [None]
+    assert worker.merge_problems(torch_run) == [
+        "asked for the 'torch' DCP top-k merge, the indexer ran ['auto']"
+    ]
+    worker._MERGES_SEEN.clear()
+    fake._merge_dcp_topk_global("logits", "idx", backend="torch")
+    assert worker.merge_problems(torch_run) == []
+    plain = plan.GateConfig(name="p", model="m", tp=2, dcp=2)
+    fake._merge_dcp_topk_global("logits", "idx", backend="cutedsl")
+    assert worker.merge_problems(plain) == []
+
+
+def test_merged_suites_keep_every_noise_pair() -> None:
+    """Uniting the lease's suites keeps each suite's noise pairs: no label of one suite
+    names a different pair in another (the eager TP=2 pair of v32n was lost that way)."""
+    from gate import plans
+
+    seen: dict[str, list] = {}
+    for name in plans.QUEUES["all"]:
+        for label, pair in plans.SUITES[name].get("noise", {}).items():
+            assert seen.setdefault(label, pair) == pair, (name, label)
+    eager = plans.SUITES["needle-eager"]["noise"]
+    merged = plans.merge_suites([plans.SUITES[n] for n in plans.QUEUES["all"]])["noise"]
+    assert all(merged[k] == v for k, v in eager.items())
+
+
+def _queue(name: str) -> dict:
+    """The named queue of plans.QUEUES as the one suite `dcp_gate.py --suites NAME` runs."""
+    from gate import plans
+
+    return plans.merge_suites([plans.SUITES[n] for n in plans.QUEUES[name]])
+
+
+def _runs_every_reference(q: dict) -> list[str]:
+    """The queue's run names, after checking that it runs both sides of every gate and of
+    every noise pair."""
+    names = [r["name"] for r in q["runs"]]
+    for gate, spec in q["gates"].items():
+        pair = [spec["ref"], spec["cand"]] if isinstance(spec, dict) else spec
+        assert set(pair) <= set(names), gate
+    for label, pair in q["noise"].items():
+        assert set(pair[1:3]) <= set(names), label
+    return names
+
+
+def _check_sensitivity_and_configs(q: dict) -> dict[str, dict]:
+    """Checks that each gated checkpoint has a run with a sensitivity pass and that every run
+    is a valid engine configuration (GateConfig raises on a bad one); returns the runs by
+    name."""
+    from gate import plan
+
+    runs = {r["name"]: r for r in q["runs"]}
+    for gate, spec in q["gates"].items():
+        ref = runs[spec["ref"] if isinstance(spec, dict) else spec[0]]
+        same = [r for r in q["runs"] if r["model"] == ref["model"]]
+        assert any("sensitivity" in r["passes"] for r in same), gate
+    fields = {f.name for f in dataclasses.fields(plan.GateConfig)}
+    for run in q["runs"]:
+        plan.GateConfig(**{k: v for k, v in run.items() if k in fields})
+        assert not plan.engine_extra_problems(
+            run.get("engine_extra", {}), run.get("variant", "stock"), run["dcp"]
+        ), run["name"]
+    return runs
+
+
+@pytest.mark.parametrize(
+    "name", ["all", "dcp2", "dcp4", "graphs", "flashmla-wide-heads", "long-prompts"]
+)
+def test_every_queue_runs_every_reference_and_a_sensitivity_pass(name: str) -> None:
+    """A queue run alone on a fresh machine can decide every gate it names: it runs both
+    sides of each gate and noise pair, a sensitivity pass on each gated checkpoint, a fault
+    pass (the negative control) in every DCP > 1 run that is a gate's candidate, and every
+    run is a valid engine configuration."""
+    import dcp_gate
+
+    q = _queue(name)
+    _runs_every_reference(q)
+    runs = _check_sensitivity_and_configs(q)
+    for gate, spec in q["gates"].items():
+        _, cand, kind = dcp_gate.gate_spec(spec)
+        if runs[cand]["dcp"] > 1 and kind in ("dcp", "dcp_pair", "wire"):
+            assert "fault" in runs[cand]["passes"], (name, gate)
+
+
+def test_the_all_queue_holds_every_committed_gate() -> None:
+    """Every gate result under results/ is one the `all` queue would produce again."""
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[2] / "results"
+    q = _queue("all")
+    for path in results.glob("dcp-gate-*.json"):
+        d = json.loads(path.read_text())
+        if d.get("kind") == "dcp_gate":
+            assert d["name"] in q["gates"], path.name
+
+
+def test_the_graphs_end_queue_runs_the_open_rows_with_their_references() -> None:
+    """The graphs queue runs every reference its gates compare, V3.2 under FULL graphs at
+    DCP = 4 first after the warm-up, FlashMLA-sparse (32 local heads) and FA-sparse bf16
+    under FULL graphs before the Triton merge at DCP = 4, a fault pass in every DCP > 1 run,
+    no run whose gate the 12:35Z lease made meaningful (MTP at DCP = 4, FA-sparse eager at
+    DCP = 4), and a sensitivity pass on each checkpoint it gates."""
+
+    q = _queue("graphs")
+    names = _runs_every_reference(q)
+    after_warmup = [r["name"] for r in q["runs"] if not r.get("warmup")]
+    assert after_warmup[:2] == ["v32n-tp4-dcp1-graphs", "v32n-tp4-dcp4-graphs"]
+    assert names.index("p-glmn-tp2-dcp2-fa-graphs") < names.index("p-glmn-tp4-dcp4-merge-triton")
+    assert names[-1] == "p-glmn-tp4-dcp4-fa-graphs"
+    assert all("fault" in r["passes"] for r in q["runs"] if r["dcp"] > 1)
+    assert not any("-mtp" in n or n.endswith("-fa") for n in names)
+    graphs = {r["name"]: r for r in q["runs"] if r["graphs"]}
+    assert graphs["p-glmn-tp2-dcp2-flashmla-graphs"]["backend"] == "FLASHMLA_SPARSE"
+    assert graphs["p-glmn-tp2-dcp2-flashmla-graphs"]["variant"] == "patched"
+    assert graphs["p-glmn-tp2-dcp2-fa-graphs"]["kv_cache_dtype"] == "auto"
+    assert {
+        "v32n-tp4-dcp4-graphs",
+        "p-glmn-tp2-dcp2-graphs-flashmla_sparse",
+        "p-glmn-tp2-dcp2-graphs-flash_attn_mla_sparse-bf16",
+        "p-glmn-tp4-dcp4-graphs-flash_attn_mla_sparse-bf16",
+        "p-glmn-tp4-dcp4-merge-triton",
+    } <= set(q["gates"])
+    _check_sensitivity_and_configs(q)
+
+
+def test_the_wide_heads_queue_gates_flashmla_at_32_and_64_local_heads() -> None:
+    """The flashmla-wide-heads queue runs, on the 128-head V3.2 needle checkpoint, the patched
+    tree's FlashMLA-sparse at TP = 4 DCP = 4 (32 local heads, 128 gathered) eager and under FULL
+    graphs and at TP = 2 DCP = 2 (64 local heads), every reference its gates and noise pairs
+    compare, a fault pass in each DCP > 1 run and a sensitivity pass on the checkpoint."""
+    from gate import plans
+
+    assert "--heads" in plans.NEEDLE_CKPTS["v32w"]
+    assert plans.NEEDLE_CKPTS["v32w"][plans.NEEDLE_CKPTS["v32w"].index("--heads") + 1] == "128"
+    q = _queue("flashmla-wide-heads")
+    _runs_every_reference(q)
+    runs = _check_sensitivity_and_configs(q)
+    assert all(r["model"] == "@v32w" for r in runs.values())
+    assert all(
+        r["variant"] == "patched" and r["backend"] == "FLASHMLA_SPARSE" for r in runs.values()
+    )
+    assert all("fault" in r["passes"] for r in runs.values() if r["dcp"] > 1)
+    local_heads = {128 // r["tp"] for r in runs.values() if r["dcp"] > 1}
+    assert local_heads == {32, 64}
+    assert {r["graphs"] for r in runs.values() if r["tp"] == 4 and r["dcp"] == 4} == {True, False}
+    assert set(q["gates"]) == {
+        "p-v32w-tp4-dcp4-flashmla_sparse",
+        "p-v32w-tp4-dcp4-graphs-flashmla_sparse",
+        "p-v32w-tp2-dcp2-flashmla_sparse",
+    }
+    assert all(spec["noise"] == "v32w/patched" for spec in q["gates"].values())
+
+
+def test_the_long_queue_gives_every_light_row_its_32k_prompt() -> None:
+    """The long-prompts queue serves the 32k prompt, alone, to every patched glmn configuration
+    whose earlier gates served only the 1k and 8k singles and the batch: each such gate has a
+    counterpart named with "-32k" after its TP/DCP prefix, of the same kind, whose two runs have
+    the light runs' engine settings and serve [32000] with no batch."""
+    import re
+
+    import dcp_gate
+    from gate import plans
+
+    long_names = set(plans.QUEUES["long-prompts"])
+    runs: dict[str, dict] = {}
+    for suite in plans.SUITES.values():
+        for r in suite["runs"]:
+            runs.setdefault(r["name"], r)
+    q = _queue("long-prompts")
+    _runs_every_reference(q)
+    qruns = _check_sensitivity_and_configs(q)
+    same = ("model", "variant", "tp", "dcp", "graphs", "backend", "kv_cache_dtype")
+
+    def settings(run: dict) -> tuple:
+        extra = {
+            k: v for k, v in run.get("engine_extra", {}).items() if k != "dcp_comm_ledger_size"
+        }
+        return tuple(run.get(k) for k in same), json.dumps(extra, sort_keys=True)
+
+    light = {}
+    for name, suite in plans.SUITES.items():
+        if name in long_names:
+            continue
+        for gate, spec in suite["gates"].items():
+            ref, cand, kind = dcp_gate.gate_spec(spec)
+            c = runs[cand]
+            if c["model"] == "@glmn" and c.get("variant") == "patched" and "lens" in c:
+                if 32000 not in c["lens"]:
+                    light[gate] = (ref, cand, kind)
+    assert len(light) >= 20  # the DCP = 2 and DCP = 4 variant rows, FA and graphs at DCP = 4
+    for gate, (ref, cand, kind) in light.items():
+        twin = re.sub(r"^(p-glmn-tp\d+-dcp\d+)", r"\1-32k", gate)
+        assert twin in q["gates"], gate
+        lref, lcand, lkind = dcp_gate.gate_spec(q["gates"][twin])
+        assert lkind == kind, gate
+        for old, new in ((ref, lref), (cand, lcand)):
+            assert settings(qruns[new]) == settings(runs[old]), (gate, new)
+            assert qruns[new]["lens"] == [32000] and qruns[new]["batch_lens"] == [], new
+    candidates = {dcp_gate.gate_spec(spec)[1] for spec in q["gates"].values()}
+    assert all("fault" in qruns[c]["passes"] for c in candidates if qruns[c]["dcp"] > 1)

@@ -1,0 +1,78 @@
+# SPDX-License-Identifier: Apache-2.0
+"""evidence/results_tables.py: the figures it derives agree with what the benches recorded,
+and every table names the vLLM base it was measured on."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import results_tables  # noqa: E402
+
+
+def _schema2_kernel_benches() -> list[tuple[str, dict]]:
+    return [
+        (n, d)
+        for n, d in results_tables.load("kernel-bench-*.json")
+        if d.get("schema_version", 1) >= 2
+    ]
+
+
+def test_policy_split_counts_equal_the_launches_the_kernel_bench_recorded():
+    """The split counts results_tables computes for "fill" and "occupancy" are the ones the
+    kernel's own planner chose in every committed sweep point recorded under that policy."""
+    files = _schema2_kernel_benches()
+    assert files, "no schema-2 kernel bench committed"
+    checked = 0
+    for _, d in files:
+        sms = d["machine"]["sms"]
+        for e in d["decode"] + d["extend"]:
+            rows = e.get("batch", e.get("rows"))
+            for p in e["points"]:
+                if p["splits_arg"] not in ("fill", "occupancy"):
+                    continue
+                block_h, block_n = p["tiling"][:2]
+                programs = rows * -(-e["heads"] // block_h)
+                got = results_tables.policy_num_splits(
+                    p["splits_arg"], programs, e["topk"], block_h, block_n, sms
+                )
+                assert got == p["num_splits"], (rows, e["heads"], p)
+                checked += 1
+    assert checked > 100
+
+
+def test_auto_rule_is_timed_on_every_row_and_follows_the_thresholds():
+    for _, d in _schema2_kernel_benches():
+        for e in d["decode"] + d["extend"]:
+            rule, point = results_tables.auto_rule(e, d["machine"]["sms"])
+            assert point is not None, (e["kind"], e.get("batch", e.get("rows")), e["heads"], rule)
+            assert point["variant"] == "base"
+            programs = e.get("batch", e.get("rows")) * -(
+                -e["heads"] // e["default_plan"]["block_h"]
+            )
+            plan = e["default_plan"]
+            default = [plan["block_h"], plan["block_n"], plan["num_warps"], plan["num_stages"]]
+            if programs <= results_tables.AUTO_FEW_PROGRAMS:
+                assert point["tiling"] == [plan["block_h"], 64, 8, 2] and "fill" in rule
+            elif programs <= results_tables.AUTO_FILL_PROGRAMS:
+                assert point["tiling"] == default and "fill" in rule
+            else:
+                assert point["tiling"] == default and "occupancy" in rule
+
+
+def test_render_labels_each_table_with_its_base():
+    text = results_tables.render()
+    assert "vllm 0.26.0" not in text  # the superseded base's files are gone from results/
+    assert "vllm 0.33.0, `kernel-bench-h200-0.33.0.json`" in text
+    assert "vllm 0.33.0, `dcp-topk-merge-h200-0.33.0.json`" in text
+    assert "`topk-order-h200-0.33.0.json`" in text
+    assert "not timed" not in text  # every auto launch of the committed sweep was timed
+
+
+def test_gate_problems_are_shortened_and_counted():
+    assert results_tables._problems({}) == "-"
+    long = {"problems": ["a | b " + "x" * 200, "second"]}
+    cell = results_tables._problems(long)
+    assert "|" not in cell and cell.endswith("… (+1 more)") and len(cell) < 110
