@@ -618,3 +618,24 @@ def test_b12x_base_proof_reads_the_b12x_package(tmp_path: Path) -> None:
     with zipfile.ZipFile(base) as zf, pytest.raises(WheelError) as exc:
         prove_base(zf, pristine, B12X_WHEEL_PIN, "b12x/")
     assert exc.value.details == ["b12x/comm/pcie.py: wheel and sdist differ"]
+
+
+def test_cli_wheel_without_b12x_patches_removes_a_stale_b12x_overlay(
+    wheel_ws: Workspace, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`patchset wheel` on a series without b12x patches builds only the vLLM wheel and removes
+    a b12x overlay wheel and receipt an earlier series left in dist/ (the test venv would
+    otherwise install them)."""
+    change = {"vllm/a.py": (PRISTINE["vllm/a.py"], b"A = 42\n")}
+    wheel_ws.setup(PRISTINE, [("vllm/0001-a.patch", patch_bytes(change))])
+    out = wheel_ws.repo / "dist"
+    out.mkdir()
+    stale = [out / "receipt-b12x.json", out / "b12x-1.5.1+dcp.0123456789ab-py3-none-any.whl"]
+    for path in stale:
+        path.write_bytes(b"old")
+    keep = out / "b12x-1.5.1-py3-none-any.whl"
+    keep.write_bytes(b"not an overlay")
+    assert main(["-C", str(wheel_ws.repo), "wheel", "--tree", str(wheel_ws.tree)]) == 0
+    assert not any(path.exists() for path in stale)
+    assert keep.exists() and (out / "receipt.json").is_file()
+    assert "removing receipt-b12x.json: the series has no b12x patches" in capsys.readouterr().out

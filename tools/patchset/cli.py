@@ -387,13 +387,20 @@ def cmd_fetch(args: argparse.Namespace, repo: Path) -> int:
 
 def cmd_wheel(args: argparse.Namespace, repo: Path) -> int:
     from patchset.series import for_target, load_series
-    from patchset.wheel import wheel_from_series
+    from patchset.wheel import RECEIPTS, wheel_from_series
 
     # Without --target: the vLLM wheel (--tree), then the b12x wheel (build/b12x) when the
     # series patches b12x; an unpatched b12x is installed from its pinned wheel as is.
     targets = [args.target] if args.target else ["vllm"]
     if not args.target and for_target(load_series(repo), "b12x"):
         targets.append("b12x")
+    elif not args.target:
+        # A b12x overlay wheel left by an earlier series must not be installed with this one.
+        out = Path(args.out).resolve() if args.out else repo / "dist"
+        for stale in [out / RECEIPTS["b12x"], *sorted(out.glob("b12x-*+*dcp.*.whl"))]:
+            if stale.is_file():
+                _info(f"removing {stale.name}: the series has no b12x patches")
+                stale.unlink()
     for target in targets:
         built, receipt = wheel_from_series(
             repo,
