@@ -1,10 +1,10 @@
 """End to end: the overlay wheel, pip-installed into a fresh venv, is what ``import vllm`` loads.
 
 The venv is made once per ``make test`` run by ``tests/vllm_tree_tests.py venv`` (a fresh
-``python -m venv`` + ``pip install dist/<overlay wheel>`` + the pinned b12x wheel, torch 2.14
-from the index). It is ``$PATCHSET_TEST_VENV`` or ``build/testenv``. Without it these tests
-skip with that reason, except under ``PATCHSET_E2E=require`` (set by ``make test``), where a
-missing venv fails.
+``python -m venv`` + ``pip install dist/<overlay wheel>`` + the b12x wheel, torch 2.14 from the
+index, then the b12x wheel alone once more, last). It is ``$PATCHSET_TEST_VENV`` or
+``build/testenv``. Without it these tests skip with that reason, except under
+``PATCHSET_E2E=require`` (set by ``make test``), where a missing venv fails.
 """
 
 from __future__ import annotations
@@ -46,6 +46,48 @@ print(json.dumps({
     "sys_path": sys.path,
 }))
 """
+
+
+B12X_PROBE = r"""
+import base64, hashlib, importlib, importlib.metadata as md, json, pathlib, sys
+for name in json.loads(sys.argv[1]):
+    importlib.import_module(name)
+dist = md.distribution("b12x")
+site = pathlib.Path(dist.locate_file("")).resolve()
+record = {str(f): f.hash.value for f in dist.files or () if f.hash and f.hash.mode == "sha256"}
+loaded = {}
+for name, module in sorted(sys.modules.items()):
+    if name != "b12x" and not name.startswith("b12x."):
+        continue
+    origin = getattr(module, "__file__", None)
+    if origin is None:
+        loaded[name] = {"file": None}
+        continue
+    path = pathlib.Path(origin).resolve()
+    digest = hashlib.sha256(path.read_bytes()).digest()
+    rel = path.relative_to(site).as_posix() if path.is_relative_to(site) else str(path)
+    loaded[name] = {
+        "file": rel,
+        "sha256": base64.urlsafe_b64encode(digest).rstrip(b"=").decode(),
+        "record": record.get(rel),
+    }
+claims = {}
+for other in md.distributions():
+    owner = other.metadata["Name"]
+    if owner and owner.lower() != "b12x":
+        shared = sorted(str(f) for f in other.files or () if str(f) in record)
+        if shared:
+            claims[owner] = shared
+print(json.dumps({
+    "version": dist.version,
+    "record_rows": len(record),
+    "loaded": loaded,
+    "other_owners": claims,
+}))
+"""
+B12X_MODULES = ("b12x", "b12x.comm.pcie", "b12x.comm.pcie._twoshot_preparation")
+"""Imported by the b12x probe, besides every module the b12x overlay wheel replaces: the
+package, the PCIe collectives and the two-shot preparation path."""
 
 
 def _need(reason: str) -> None:
@@ -115,11 +157,71 @@ def test_installed_version_carries_the_series_label(
     assert probe["version"] == f"{pinned}+dcp.{receipt['series']['digest'][:12]}"
 
 
+def b12x_receipt() -> dict[str, Any] | None:
+    """``dist/receipt-b12x.json`` when ``make wheel`` built a b12x overlay wheel, else None."""
+    path = REPO / "dist" / "receipt-b12x.json"
+    data: dict[str, Any] | None = json.loads(path.read_text()) if path.is_file() else None
+    return data
+
+
 def test_pinned_b12x_is_installed_next_to_the_overlay_wheel(probe: dict[str, Any]) -> None:
-    """pip resolved the overlay wheel together with the pinned b12x (vLLM's `b12x` extra)."""
+    """pip resolved the overlay wheel together with the pinned b12x (vLLM's `b12x` extra), or
+    with the b12x overlay wheel built from it when the series patches b12x."""
     pinned = load_pins(REPO / "pins.toml").get("b12x", "wheel").requirement.split("==")[1]
-    assert probe["b12x_version"] == pinned
+    receipt = b12x_receipt()
+    assert probe["b12x_version"] == (receipt["wheel"]["version"] if receipt else pinned)
+    assert probe["b12x_version"].split("+")[0] == pinned
     assert probe["b12x_found"]
+
+
+@pytest.fixture(scope="module")
+def b12x_probe(testenv: Path) -> dict[str, Any]:
+    """What ``import b12x`` loads in the test venv, read against the b12x distribution's RECORD."""
+    receipt = b12x_receipt()
+    modules = list(B12X_MODULES)
+    if receipt is not None:
+        marker = json.loads((testenv / MARKER).read_text())
+        assert marker.get("b12x", {}).get("sha256") == receipt["wheel"]["sha256"], (
+            f"{testenv} does not have {receipt['wheel']['filename']} installed: run `make test`"
+        )
+        modules += [
+            f["path"].removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+            for f in receipt["overlay"]
+            if f["sha256"] is not None and f["path"].endswith(".py")
+        ]
+    proc = subprocess.run(
+        [str(testenv / "bin" / "python"), "-c", B12X_PROBE, json.dumps(modules)],
+        cwd=REPO / "build",
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["imported"] = modules
+    return result
+
+
+def test_import_b12x_loads_the_b12x_distributions_own_files(b12x_probe: dict[str, Any]) -> None:
+    """Every b12x module ``import b12x`` (and the probed submodules) loaded is a file of the b12x
+    distribution's RECORD with the bytes RECORD lists: not flashinfer-python's embedded copy
+    (flashinfer/experimental/b12x/), which flashinfer's own ``b12x/__init__.py`` loads when
+    flashinfer is installed after b12x."""
+    loaded = b12x_probe["loaded"]
+    assert set(b12x_probe["imported"]) <= set(loaded), "a probed module is not in sys.modules"
+    assert b12x_probe["record_rows"] > 100, "the b12x distribution has no usable RECORD"
+    wrong = {
+        name: f"{entry['file']} (sha256 {entry.get('sha256')}, RECORD {entry.get('record')})"
+        for name, entry in loaded.items()
+        if entry["file"] is None or entry.get("record") != entry.get("sha256")
+    }
+    shared = b12x_probe["other_owners"]
+    assert not wrong, (
+        f"{len(wrong)} of {len(loaded)} loaded b12x modules are not b12x's installed files "
+        f"(other distributions listing b12x paths: {shared}): {wrong}"
+    )
 
 
 def test_installed_files_are_the_overlaid_ones(

@@ -125,3 +125,53 @@ def test_tampered_cached_wheel_is_detected_deleted_and_refetched(
     lines = capsys.readouterr().out.splitlines()
     pinned = load_pins(REPO / "pins.toml")
     assert [line.split()[0] for line in lines] == ["cached"] * len(pinned.pins)
+
+
+def test_real_b12x_wheel_is_deterministic_and_carries_the_locked_files(
+    tmp_path: Path,
+) -> None:
+    """The b12x overlay wheel (the series' b12x patches over the pinned b12x wheel), built twice
+    from fresh trees, has one name and sha256, passes verification, carries every b12x/ file
+    the lock ends with at its final sha256, and names its patches in receipt-b12x.json."""
+    from patchset.wheel import verify_wheel
+
+    patches = for_target(load_series(REPO), "b12x")
+    if not patches:
+        pytest.skip("the series has no b12x patches: no b12x overlay wheel is built")
+    builds = [
+        wheel_from_series(REPO, target="b12x", tree=tmp_path / f"b12x-{n}", out_dir=tmp_path / n)
+        for n in ("one", "two")
+    ]
+    (one, receipt_one), (two, receipt_two) = builds
+    assert one.path.name == two.path.name and one.sha256 == two.sha256 == sha256_file(two.path)
+    assert receipt_one.name == "receipt-b12x.json"
+    assert receipt_one.read_bytes() == receipt_two.read_bytes()
+    verify_wheel(one.path)
+    pins = load_pins(REPO / "pins.toml")
+    receipt = json.loads(receipt_one.read_text())
+    assert receipt["base"]["wheel"]["sha256"] == pins.get("b12x", "wheel").sha256
+    assert [p["name"] for p in receipt["series"]["patches"]] == [p.name for p in patches]
+    assert one.path.name.startswith(f"b12x-{one.base_version}+dcp.")
+    final = load_lock(REPO).final.get("b12x", {})
+    package_paths = sorted(p for p in final if p.startswith("b12x/"))
+    assert [f["path"] for f in receipt["overlay"]] == package_paths
+    with zipfile.ZipFile(one.path) as zf:
+        for entry in receipt["overlay"]:
+            assert entry["sha256"] == final[entry["path"]].sha256
+            if entry["sha256"] is None:
+                assert entry["path"] not in zf.namelist()
+            else:
+                assert (
+                    zf.read(entry["path"]) == (tmp_path / "b12x-one" / entry["path"]).read_bytes()
+                )
+                assert sha256_file(tmp_path / "b12x-one" / entry["path"]) == entry["sha256"]
+
+
+def test_real_base_b12x_wheel_python_equals_sdist() -> None:
+    """The pinned b12x wheel's b12x/**/*.py equal the pinned b12x sdist's, with no exception."""
+    from patchset.fetch import pristine_tree
+
+    pin = load_pins(REPO / "pins.toml").get("b12x", "wheel")
+    base = fetch_pin(pin, cache_dir(REPO)).path
+    with zipfile.ZipFile(base) as zf:
+        prove_base(zf, pristine_tree("b12x", root=REPO), pin, "b12x/")

@@ -538,3 +538,104 @@ def test_cli_wheel_blames_a_corrupted_build_base_not_the_pins(
     err = capsys.readouterr().err
     assert "build/base/vllm" in err and "vllm/gone.py" in err and "pinned sdist" in err
     assert "pins.toml" not in err
+
+
+B12X_PRISTINE: dict[str, bytes] = {
+    "b12x/__init__.py": b"from b12x.comm import pcie\n",
+    "b12x/comm/pcie.py": b"def launcher():\n    return 'bare'\n",
+    "b12x/loader/k.c": b"/* runtime-compiled package data */\n",
+    "tests/test_pcie.py": b"def test_pcie():\n    pass\n",
+}
+B12X_WHEEL_PIN = Pin(
+    target="b12x",
+    kind="wheel",
+    requirement="b12x==1.5.1",
+    filename="b12x-1.5.1-py3-none-any.whl",
+    sha256="0" * 64,
+)
+
+
+def make_b12x_wheel(path: Path) -> Path:
+    """A small wheel shaped like b12x's: a pure-Python package with package data."""
+    files = {k: v for k, v in B12X_PRISTINE.items() if k.startswith("b12x/")}
+    dist = "b12x-1.5.1.dist-info"
+    files[f"{dist}/METADATA"] = b"Metadata-Version: 2.4\nName: b12x\nVersion: 1.5.1\n\nb12x.\n"
+    files[f"{dist}/WHEEL"] = b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    rows = [RecordEntry.of(name, data) for name, data in files.items()]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files.items():
+            zf.writestr(zipfile.ZipInfo(name, date_time=(2026, 5, 1, 0, 0, 0)), data)
+        zf.writestr(f"{dist}/RECORD", write_record(rows, f"{dist}/RECORD"))
+    return path
+
+
+def test_b12x_overlay_wheel_carries_only_the_b12x_package(tmp_path: Path) -> None:
+    """With package_dir b12x/, the overlay lays b12x/ files over the b12x wheel, leaves tests/
+    out, labels the version 1.5.1+dcp.<digest>, verifies, and rebuilds byte for byte."""
+    base = make_b12x_wheel(tmp_path / "b12x-1.5.1-py3-none-any.whl")
+    pristine = write_tree(tmp_path / "pristine", B12X_PRISTINE)
+    patched = dict(B12X_PRISTINE)
+    patched["b12x/comm/pcie.py"] = b"def launcher():\n    return 'attached'\n"
+    patched["tests/test_launcher.py"] = b"def test_launcher():\n    pass\n"
+    tree = write_tree(tmp_path / "tree", patched)
+    patches = [
+        make_patch(
+            "b12x/0001-a.patch", {"b12x/comm/pcie.py": "modify", "tests/test_launcher.py": "add"}
+        )
+    ]
+    builds = [
+        build_wheel(
+            base_wheel=base,
+            wheel_pin=B12X_WHEEL_PIN,
+            pristine=pristine,
+            tree=tree,
+            patches=patches,
+            out_dir=tmp_path / out,
+            package_dir="b12x/",
+        )
+        for out in ("one", "two")
+    ]
+    one, two = builds
+    assert one.version == f"1.5.1+dcp.{series_digest(patches)[:12]}"
+    assert one.path.name == f"b12x-{one.version}-py3-none-any.whl"
+    assert one.path.read_bytes() == two.path.read_bytes()
+    assert [(f.path, f.op) for f in one.overlay.files] == [("b12x/comm/pcie.py", "modify")]
+    assert one.overlay.not_carried == ("tests/test_launcher.py",)
+    verify_wheel(one.path)
+    with zipfile.ZipFile(one.path) as zf:
+        assert zf.read("b12x/comm/pcie.py") == patched["b12x/comm/pcie.py"]
+        assert zf.read("b12x/loader/k.c") == B12X_PRISTINE["b12x/loader/k.c"]
+        assert not any(n.startswith("tests/") for n in zf.namelist())
+
+
+def test_b12x_base_proof_reads_the_b12x_package(tmp_path: Path) -> None:
+    """prove_base with package_dir b12x/ compares b12x/**/*.py and names a differing file."""
+    base = make_b12x_wheel(tmp_path / "b12x-1.5.1-py3-none-any.whl")
+    pristine = write_tree(tmp_path / "pristine", B12X_PRISTINE)
+    with zipfile.ZipFile(base) as zf:
+        prove_base(zf, pristine, B12X_WHEEL_PIN, "b12x/")
+    (pristine / "b12x/comm/pcie.py").write_bytes(b"changed = 1\n")
+    with zipfile.ZipFile(base) as zf, pytest.raises(WheelError) as exc:
+        prove_base(zf, pristine, B12X_WHEEL_PIN, "b12x/")
+    assert exc.value.details == ["b12x/comm/pcie.py: wheel and sdist differ"]
+
+
+def test_cli_wheel_without_b12x_patches_removes_a_stale_b12x_overlay(
+    wheel_ws: Workspace, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`patchset wheel` on a series without b12x patches builds only the vLLM wheel and removes
+    a b12x overlay wheel and receipt an earlier series left in dist/ (the test venv would
+    otherwise install them)."""
+    change = {"vllm/a.py": (PRISTINE["vllm/a.py"], b"A = 42\n")}
+    wheel_ws.setup(PRISTINE, [("vllm/0001-a.patch", patch_bytes(change))])
+    out = wheel_ws.repo / "dist"
+    out.mkdir()
+    stale = [out / "receipt-b12x.json", out / "b12x-1.5.1+dcp.0123456789ab-py3-none-any.whl"]
+    for path in stale:
+        path.write_bytes(b"old")
+    keep = out / "b12x-1.5.1-py3-none-any.whl"
+    keep.write_bytes(b"not an overlay")
+    assert main(["-C", str(wheel_ws.repo), "wheel", "--tree", str(wheel_ws.tree)]) == 0
+    assert not any(path.exists() for path in stale)
+    assert keep.exists() and (out / "receipt.json").is_file()
+    assert "removing receipt-b12x.json: the series has no b12x patches" in capsys.readouterr().out

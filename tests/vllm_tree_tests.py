@@ -3,10 +3,15 @@
 Three steps, each a subcommand (``make test`` runs them in this order):
 
 ``venv``  create a fresh virtual environment and ``pip install`` the overlay wheel named by
-          ``dist/receipt.json`` (torch and every other dependency come from the index; pip's
-          downloads are cached in ``.cache/pip``), plus the test tools the vLLM tests need.
-          ``--reuse`` keeps an existing environment: as is when it has the same wheel, else
-          with only the wheel reinstalled (``--no-deps``; overlay wheels share dependencies).
+          ``dist/receipt.json`` and the b12x wheel (the b12x overlay wheel of
+          ``dist/receipt-b12x.json`` when the series patches b12x, else the pinned one; torch
+          and every other dependency come from the index; pip's downloads are cached in
+          ``.cache/pip``), plus the test tools the vLLM tests need; then install the b12x wheel
+          once more, alone and last (``--no-deps --force-reinstall``), because flashinfer-python
+          ships a ``b12x/__init__.py`` of its own and whichever distribution pip writes last owns
+          that file (design/b12x.md). ``--reuse`` keeps an existing environment: as is when it
+          has the same wheels, else with only the changed wheels reinstalled (``--no-deps``;
+          overlay wheels share dependencies), b12x always last.
 ``list``  print the test files the series adds or changes (touched ``tests/**/test_*.py`` of
           the vllm patches that exist after the series).
 ``run``   copy the tree's ``tests/`` into a temporary directory (so the tree's ``vllm/`` source
@@ -81,9 +86,37 @@ def read_marker(venv: Path) -> dict[str, str] | None:
     return data
 
 
-def write_marker(venv: Path, wheel: Path, sha256: str, version: str) -> None:
-    data = {"filename": wheel.name, "sha256": sha256, "version": version}
+def write_marker(venv: Path, wheel: Path, sha256: str, version: str, b12x: Path) -> None:
+    data = {
+        "filename": wheel.name,
+        "sha256": sha256,
+        "version": version,
+        "b12x": {"filename": b12x.name, "sha256": sha256_file(b12x)},
+    }
     (venv / MARKER).write_text(json.dumps(data, sort_keys=True) + "\n")
+
+
+def b12x_wheel(receipt_dir: Path) -> Path:
+    """The b12x wheel the environment gets: the b12x overlay wheel when ``make wheel`` built
+    one (its receipt's sha256 checked), else the pinned b12x wheel from the fetch cache."""
+    receipt_path = receipt_dir / "receipt-b12x.json"
+    if receipt_path.is_file():
+        receipt = json.loads(receipt_path.read_text())
+        wheel = receipt_dir / receipt["wheel"]["filename"]
+        if sha256_file(wheel) != receipt["wheel"]["sha256"]:
+            raise PatchsetError(f"{wheel} is not the wheel {receipt_path.name} names: make wheel")
+        return wheel
+    return pinned_file("b12x", "wheel", root=REPO, offline=True)
+
+
+def install_b12x_last(pip: list[str], b12x: Path, env: dict[str, str]) -> int:
+    """Reinstall ``b12x`` alone so that its files, not flashinfer's embedded ``b12x``
+    package shim, are the ``b12x/`` on the path (both RECORDs list ``b12x/__init__.py``)."""
+    print(f"testenv: installing {b12x.name} last (flashinfer-python also writes b12x/__init__.py)")
+    proc = subprocess.run([*pip, "--no-deps", "--force-reinstall", str(b12x)], env=env, check=False)
+    if proc.returncode != 0:
+        print(f"error: pip install of {b12x.name} failed (exit {proc.returncode})")
+    return proc.returncode
 
 
 def make_venv(receipt_path: Path, venv: Path, *, reuse: bool) -> int:
@@ -94,6 +127,11 @@ def make_venv(receipt_path: Path, venv: Path, *, reuse: bool) -> int:
         print(f"error: {wheel} has sha256 {actual}, the receipt says {receipt['wheel']['sha256']}")
         return 1
     marker = read_marker(venv)
+    try:
+        b12x = b12x_wheel(receipt_path.parent)
+    except PatchsetError as exc:
+        print(f"error: no b12x wheel to install ({exc.message}): make fetch / make wheel")
+        return 1
     env = {**os.environ, "PIP_CACHE_DIR": str(REPO / ".cache" / "pip")}
     env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
     pip = [str(venv_python(venv)), "-m", "pip", "install", "--progress-bar", "off", "-q"]
@@ -102,30 +140,28 @@ def make_venv(receipt_path: Path, venv: Path, *, reuse: bool) -> int:
         if tools.returncode != 0:
             print(f"error: pip install of the test tools failed (exit {tools.returncode})")
             return tools.returncode
-        if marker.get("sha256") == actual:
-            print(f"testenv: reusing {venv} (it has {wheel.name} installed)")
+        same_b12x = marker.get("b12x", {}).get("sha256") == sha256_file(b12x)
+        if marker.get("sha256") == actual and same_b12x:
+            print(f"testenv: reusing {venv} (it has {wheel.name} and {b12x.name} installed)")
             return 0
-        # Overlay wheels differ only in vllm/ files and the version: same dependencies.
-        print(f"testenv: reusing {venv}, replacing {marker.get('filename')} with {wheel.name}")
+        # Overlay wheels differ only in package files and the version: same dependencies.
+        print(f"testenv: reusing {venv}, installing {wheel.name} and {b12x.name} without deps")
         (venv / MARKER).unlink()
         cmd = [*pip, "--no-deps", "--force-reinstall", str(wheel)]
         proc = subprocess.run(cmd, env=env, check=False)
         if proc.returncode != 0:
             print(f"error: pip install failed (exit {proc.returncode})")
             return proc.returncode
-        write_marker(venv, wheel, actual, receipt["wheel"]["version"])
+        if install_b12x_last(pip, b12x, env) != 0:
+            return 1
+        write_marker(venv, wheel, actual, receipt["wheel"]["version"], b12x)
         return 0
     if venv.exists():
         print(f"testenv: removing {venv}")
         shutil.rmtree(venv)
     start = time.monotonic()
-    # The pinned b12x wheel (vLLM's own `b12x` extra), hash-checked from the fetch cache, so
-    # the environment is the pair the series targets: the overlay wheel next to b12x.
-    try:
-        b12x = pinned_file("b12x", "wheel", root=REPO, offline=True)
-    except PatchsetError as exc:
-        print(f"error: the pinned b12x wheel is not in the fetch cache ({exc.message}): make fetch")
-        return 1
+    # The b12x wheel (vLLM's own `b12x` extra; the series' b12x overlay wheel when there is
+    # one), hash-checked, so the environment is the pair the series targets.
     substitutes = load_pins(REPO / "pins.toml").get("vllm", "wheel").install_substitutes
     print(f"testenv: creating {venv} and installing {wheel.name} + {b12x.name} with dependencies")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -143,7 +179,9 @@ def make_venv(receipt_path: Path, venv: Path, *, reuse: bool) -> int:
         if proc.returncode != 0:
             print(f"error: pip install failed (exit {proc.returncode})")
             return proc.returncode
-    write_marker(venv, wheel, actual, receipt["wheel"]["version"])
+    if install_b12x_last(pip, b12x, env) != 0:
+        return 1
+    write_marker(venv, wheel, actual, receipt["wheel"]["version"], b12x)
     print(f"testenv: ready in {time.monotonic() - start:.0f} s")
     return 0
 

@@ -386,18 +386,33 @@ def cmd_fetch(args: argparse.Namespace, repo: Path) -> int:
 
 
 def cmd_wheel(args: argparse.Namespace, repo: Path) -> int:
-    from patchset.wheel import wheel_from_series
+    from patchset.series import for_target, load_series
+    from patchset.wheel import RECEIPTS, wheel_from_series
 
-    built, receipt = wheel_from_series(
-        repo,
-        tree=Path(args.tree) if args.tree else None,
-        out_dir=Path(args.out) if args.out else None,
-        offline=args.offline,
-        log=_info,
-    )
-    _info(f"Built {built.path} ({len(built.overlay.files)} file(s) overlaid)")
-    _info(f"sha256 {built.sha256}")
-    _info(f"receipt {receipt}")
+    # Without --target: the vLLM wheel (--tree), then the b12x wheel (build/b12x) when the
+    # series patches b12x; an unpatched b12x is installed from its pinned wheel as is.
+    targets = [args.target] if args.target else ["vllm"]
+    if not args.target and for_target(load_series(repo), "b12x"):
+        targets.append("b12x")
+    elif not args.target:
+        # A b12x overlay wheel left by an earlier series must not be installed with this one.
+        out = Path(args.out).resolve() if args.out else repo / "dist"
+        for stale in [out / RECEIPTS["b12x"], *sorted(out.glob("b12x-*+*dcp.*.whl"))]:
+            if stale.is_file():
+                _info(f"removing {stale.name}: the series has no b12x patches")
+                stale.unlink()
+    for target in targets:
+        built, receipt = wheel_from_series(
+            repo,
+            target=target,
+            tree=Path(args.tree) if args.tree and target == targets[0] else None,
+            out_dir=Path(args.out) if args.out else None,
+            offline=args.offline,
+            log=_info,
+        )
+        _info(f"Built {built.path} ({len(built.overlay.files)} file(s) overlaid)")
+        _info(f"sha256 {built.sha256}")
+        _info(f"receipt {receipt}")
     return 0
 
 
@@ -407,7 +422,12 @@ def _add_dist_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore
     p.add_argument("--from", dest="source", help="copy pinned files from DIR instead of pip")
     p.set_defaults(func=cmd_fetch)
     p = sub.add_parser("wheel", help="apply, verify and build the overlay wheel + receipt")
-    p.add_argument("--tree", help="the vLLM tree (default: build/vllm)")
+    p.add_argument("--tree", help="the tree of --target, or of vllm (default: build/<target>)")
+    p.add_argument(
+        "--target",
+        choices=("vllm", "b12x"),
+        help="build only this target's wheel (default: vllm, then b12x if the series patches it)",
+    )
     p.add_argument("--out", help="output directory (default: dist)")
     p.add_argument("--offline", action="store_true", help="never run pip; use the cache only")
     p.set_defaults(func=cmd_wheel)

@@ -1,0 +1,125 @@
+"""The test venv's install order (``tests/vllm_tree_tests.py venv``): the b12x wheel goes in last.
+
+flashinfer-python ships its own ``b12x/__init__.py``; the distribution pip writes last owns it
+(design/b12x.md). These tests run ``make_venv`` with ``subprocess.run`` recorded instead of
+executed and check the pip commands it issues.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _load_tree_tests() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "vllm_tree_tests", REPO / "tests/vllm_tree_tests.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _wheel_with_receipt(dist: Path, name: str, receipt: str, version: str) -> Path:
+    wheel = dist / name
+    wheel.write_bytes(f"{name} bytes".encode())
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    data = {"wheel": {"filename": name, "sha256": digest, "version": version}, "overlay": []}
+    (dist / receipt).write_text(json.dumps(data))
+    return wheel
+
+
+@pytest.fixture
+def recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[list[str]]]:
+    module = _load_tree_tests()
+    calls: list[list[str]] = []
+
+    def run(cmd: list[str], **_kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+        calls.append([str(c) for c in cmd])
+        if cmd[1:3] == ["-m", "venv"]:
+            (Path(cmd[3]) / "bin").mkdir(parents=True)
+            (Path(cmd[3]) / "bin" / "python").write_text("")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(module.subprocess, "run", run)
+    return module, calls
+
+
+def _dist(tmp_path: Path) -> tuple[Path, Path, Path]:
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    vllm = _wheel_with_receipt(
+        dist, "vllm-0.33.0+dcp.aaaaaaaaaaaa-cp38-abi3-x.whl", "receipt.json", "0.33.0+dcp.a"
+    )
+    b12x = _wheel_with_receipt(
+        dist, "b12x-1.5.1+dcp.bbbbbbbbbbbb-py3-none-any.whl", "receipt-b12x.json", "1.5.1+dcp.b"
+    )
+    return dist, vllm, b12x
+
+
+def test_fresh_venv_installs_the_b12x_overlay_wheel_last(
+    recorded: tuple[Any, list[list[str]]], tmp_path: Path
+) -> None:
+    """A fresh venv: one pip install of both wheels with dependencies, then the b12x overlay
+    wheel alone, --no-deps --force-reinstall, as the last pip command; the marker names it."""
+    module, calls = recorded
+    dist, vllm, b12x = _dist(tmp_path)
+    venv = tmp_path / "venv"
+    assert module.make_venv(dist / "receipt.json", venv, reuse=False) == 0
+    pip_calls = [c for c in calls if "pip" in c]
+    assert len(pip_calls) == 2
+    assert str(vllm) in pip_calls[0] and str(b12x) in pip_calls[0]
+    assert "--no-deps" not in pip_calls[0]
+    assert pip_calls[-1][-3:] == ["--no-deps", "--force-reinstall", str(b12x)]
+    marker = json.loads((venv / module.MARKER).read_text())
+    assert marker["b12x"] == {
+        "filename": b12x.name,
+        "sha256": hashlib.sha256(b12x.read_bytes()).hexdigest(),
+    }
+
+
+def test_reused_venv_with_a_new_vllm_wheel_reinstalls_b12x_after_it(
+    recorded: tuple[Any, list[list[str]]], tmp_path: Path
+) -> None:
+    """--reuse with another vLLM wheel: vLLM is reinstalled without deps, then b12x, last."""
+    module, calls = recorded
+    dist, vllm, b12x = _dist(tmp_path)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    (venv / module.MARKER).write_text(json.dumps({"sha256": "0" * 64, "b12x": {"sha256": "0"}}))
+    assert module.make_venv(dist / "receipt.json", venv, reuse=True) == 0
+    installs = [c[-1] for c in calls if "--force-reinstall" in c]
+    assert installs == [str(vllm), str(b12x)]
+
+
+def test_reused_venv_with_the_same_wheels_installs_nothing(
+    recorded: tuple[Any, list[list[str]]], tmp_path: Path
+) -> None:
+    module, calls = recorded
+    dist, vllm, b12x = _dist(tmp_path)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    module.write_marker(venv, vllm, hashlib.sha256(vllm.read_bytes()).hexdigest(), "v", b12x)
+    assert module.make_venv(dist / "receipt.json", venv, reuse=True) == 0
+    assert not [c for c in calls if "--force-reinstall" in c]
+
+
+def test_a_b12x_wheel_that_is_not_its_receipts_is_refused(
+    recorded: tuple[Any, list[list[str]]], tmp_path: Path
+) -> None:
+    module, calls = recorded
+    dist, _vllm, b12x = _dist(tmp_path)
+    b12x.write_bytes(b"tampered")
+    assert module.make_venv(dist / "receipt.json", tmp_path / "venv", reuse=False) == 1
+    assert not calls
