@@ -24,7 +24,7 @@ TRANSPORT_EMULATED = "one-GPU emulation (socket transport)"
 TRANSPORT_NATIVE = "one rank per GPU (NCCL's own transport)"
 VARIANTS = ("stock", "patched")
 # engine_extra: what the series adds to EngineArgs (patched only) and MTP (both trees).
-PREFILL_ROUTES = ("query", "ckv", "auto")
+PREFILL_ROUTES = ("query", "packed_ckv", "ckv", "auto")  # packed_ckv: vLLM 0.34; ckv, auto: 0.33
 WIRE_DTYPES = ("auto", "fp8")
 MERGE_BACKENDS = ("auto", "cutedsl", "triton", "torch")
 ENGINE_EXTRA_KEYS = (
