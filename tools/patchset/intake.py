@@ -24,10 +24,10 @@ from pathlib import Path
 from patchset.diffparse import NULL_BLOB, _side_path, apply_file, parse_diff, path_problem
 from patchset.errors import PatchDoesNotApply, PatchFormatError
 from patchset.hashing import git_blob_id
-from patchset.lockfile import BaseReader, compute_lock, pin_digests, write_lock
+from patchset.lockfile import LOCK_FILE, BaseReader, compute_lock, lock_to_json, pin_digests
 from patchset.model import Patch, PatchHeader
 from patchset.patchfile import _split_trailers, serialise_header
-from patchset.refresh import write_file_atomic
+from patchset.repowrite import commit_repo, repo_lock
 from patchset.series import NAME_RE, crlf_problem, load_series, parse_patch, parse_series
 
 BaseMode = Callable[[str], str | None]
@@ -260,12 +260,33 @@ def import_patch(
     subject: str | None = None,
     name: str | None = None,
     now: str | None = None,
+    log: Callable[[str], None] = lambda _m: None,
 ) -> tuple[str, bytes]:
     """Normalise ``data`` into a series patch of ``target`` and add it (see the module doc).
 
     ``bases`` has a reader per target of the series (the lock is recomputed for all of them).
-    Returns the new entry's name and bytes. Every refusal happens before anything is written.
+    Returns the new entry's name and bytes. Every refusal happens before anything is written;
+    the patch file, ``series`` and ``series.lock`` are written in one journalled commit under
+    the checkout's lock (a second import waits and takes the next number).
     """
+    with repo_lock(repo):
+        return _import_locked(
+            repo, data, target, bases, base_mode, identity, subject, name, now, log
+        )
+
+
+def _import_locked(
+    repo: Path,
+    data: bytes,
+    target: str,
+    bases: dict[str, BaseReader],
+    base_mode: BaseMode,
+    identity: str,
+    subject: str | None,
+    name: str | None,
+    now: str | None,
+    log: Callable[[str], None],
+) -> tuple[str, bytes]:
     base = bases[target]
     incoming = read_incoming(data)
     subject = subject or incoming.subject
@@ -313,13 +334,20 @@ def import_patch(
         raise PatchFormatError(f"{name}: refused: {len(problems)} problem(s)", details=problems)
     new_series = (*series, patch)
     computed = compute_lock(new_series, bases, pin_digests(repo))
-    patch_path = repo / "patches" / name
-    patch_path.parent.mkdir(parents=True, exist_ok=True)
-    write_file_atomic(patch_path, patch_data)
+    for warning in computed.warnings:
+        log(f"warning: {warning}")
     series_text = (repo / "series").read_text(encoding="utf-8")
     sep = "" if not series_text or series_text.endswith("\n") else "\n"
-    write_file_atomic(repo / "series", (series_text + sep + name + "\n").encode("utf-8"))
-    write_lock(repo, computed.lock)
+    commit_repo(
+        repo,
+        "import",
+        (name,),
+        {
+            f"patches/{name}": patch_data,
+            "series": (series_text + sep + name + "\n").encode("utf-8"),
+            LOCK_FILE: lock_to_json(computed.lock).encode("utf-8"),
+        },
+    )
     return name, patch_data
 
 

@@ -175,9 +175,10 @@ def write_lock(repo: Path, lock: Lock) -> bool:
     text = lock_to_json(lock)
     if path.is_file() and path.read_bytes() == text.encode("utf-8"):
         return False
-    tmp = path.with_name(LOCK_FILE + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    from patchset.repowrite import commit_repo, repo_lock
+
+    with repo_lock(repo):
+        commit_repo(repo, "lock", (), {LOCK_FILE: text.encode("utf-8")})
     return True
 
 

@@ -37,7 +37,7 @@ def find_drift(tree: Tree, state: TreeState) -> list[Drift]:
     """Every touched file of the applied stack that differs from its expected postimage."""
     drift = []
     for path, (expected, owner) in sorted(state.expected().items()):
-        through = tree.symlink_problem(path)
+        through = tree.problem(path)
         if through:
             drift.append(Drift(path, expected, through, owner))
             continue
