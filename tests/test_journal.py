@@ -153,7 +153,10 @@ def test_enospc_rolls_back_in_process(ws: Workspace, capsys) -> None:
             continue
         failed += 1
         assert result.returncode == 1 and "No space left on device" in result.stderr
-        assert "every write was rolled back" in result.stderr and "hint: apply/unapply" not in result.stderr
+        assert (
+            "every write was rolled back" in result.stderr
+            and "hint: apply/unapply" not in result.stderr
+        )
         assert snapshot(ws.tree) == before
     assert failed >= 3
 

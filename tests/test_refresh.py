@@ -115,7 +115,12 @@ def _two_file_patch(ws: Workspace) -> tuple[dict, dict]:
     base = {**BASE, "pkg/keep.py": b"k\n"}
     ws.setup(
         base,
-        [("vllm/0001-a.patch", patch_bytes({"a.py": (BASE["a.py"], A1), "pkg/n.py": (None, b"n\n")}))],
+        [
+            (
+                "vllm/0001-a.patch",
+                patch_bytes({"a.py": (BASE["a.py"], A1), "pkg/n.py": (None, b"n\n")}),
+            )
+        ],
     )
     before = snapshot(ws.tree)
     assert ws.cli("apply") == 0

@@ -367,11 +367,7 @@ def unapply_series(
         by_name = {p.name: p for p in patches}
         expected = state.expected()
         touched = list(dict.fromkeys(i.path for a in removing for i in a.images.files))
-        through = [
-            reason
-            for path in touched
-            if (reason := tree.problem(path))
-        ] + [
+        through = [reason for path in touched if (reason := tree.problem(path))] + [
             reason
             for path in (d for a in removing for d in a.created_dirs)
             if (reason := tree.symlink_problem(path))

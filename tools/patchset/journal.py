@@ -112,6 +112,10 @@ class Plan:
     dir_modes: dict[str, int] = field(default_factory=dict)
     changes: list[tuple[str, bytes | None, int | None]] = field(default_factory=list)
     make_dirs: list[str] = field(default_factory=list)
+    commit_point: dict[str, str] | None = None
+    """For a commit kept open (``commit(plan, keep=True)``) while a second root is written: the
+    file (absolute ``path``, ``sha256``) whose new bytes mean the whole operation committed,
+    and the second root's journal (``pending``) that must be gone for that to count."""
 
     def put(self, rel: str, data: bytes, mode: int) -> list[str]:
         """Write ``data`` (permission bits ``mode``) to ``rel``; return the directories made."""
@@ -213,7 +217,7 @@ def _signals_raise() -> Iterator[None]:
 
 
 @contextmanager
-def _signals_blocked() -> Iterator[None]:
+def signals_blocked() -> Iterator[None]:
     """Hold SIGTERM/SIGHUP/SIGINT back while a rollback runs (they arrive afterwards)."""
     sigs = {signal.SIGTERM, signal.SIGHUP, signal.SIGINT}
     old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
@@ -223,8 +227,12 @@ def _signals_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def commit(plan: Plan) -> int:
-    """Make every change of ``plan`` all or nothing; return the number of paths changed."""
+def commit(plan: Plan, *, keep: bool = False) -> int:
+    """Make every change of ``plan`` all or nothing; return the number of paths changed.
+
+    ``keep`` leaves the journal in place after the changes are made (for an operation that
+    writes a second root next): :func:`finish` drops it once that is done, and a recovery in
+    between rolls it back unless ``plan.commit_point`` was reached."""
     root = plan.root
     for rel, _data, _mode in plan.changes:
         _check_path(root, rel)
@@ -295,6 +303,8 @@ def commit(plan: Plan) -> int:
                     for d in remove_dirs
                 ],
             }
+            if plan.commit_point is not None:
+                record["commit_point"] = dict(plan.commit_point)
             crashpoint.reached("journal")
             _write_new(staging / (JOURNAL_FILE + ".tmp"), canonical_json(record).encode(), 0o600)
             os.replace(staging / (JOURNAL_FILE + ".tmp"), staging / JOURNAL_FILE)
@@ -303,12 +313,20 @@ def commit(plan: Plan) -> int:
         except BaseException as exc:
             _roll_back_after(root, plan, exc)
             raise
+        if keep:
+            return len(changes)
         try:
             crashpoint.reached("drop journal")
             _drop(root)
         except Interrupted:  # every change is made: finish the clean-up, the run succeeded
-            with _signals_blocked():
+            with signals_blocked():
                 _drop(root)
+        except OSError as exc:
+            if os.path.lexists(staging / JOURNAL_FILE):  # undecided: make it "before", say so
+                _roll_back_after(root, plan, exc)
+                raise
+            # journal.json is gone: the run is complete; the staging left is discarded by the
+            # next run (staging without journal.json never counts as a change)
     return len(changes)
 
 
@@ -318,7 +336,7 @@ def _roll_back_after(root: Path, plan: Plan, exc: BaseException) -> None:
     rollback says the tree is half-written and names the command that finishes it."""
     what = f"{plan.op} of {', '.join(plan.patches) or 'no patch'}"
     try:
-        with _signals_blocked():
+        with signals_blocked():
             roll_back(root)
     except (PatchsetError, OSError) as failed:
         reason = failed.message if isinstance(failed, PatchsetError) else os_error_text(failed)
@@ -336,6 +354,29 @@ def _roll_back_after(root: Path, plan: Plan, exc: BaseException) -> None:
             "(verified by hash)",
             hint="fix the cause and run the command again",
         ) from exc
+
+
+def finish(root: Path) -> None:
+    """Drop a journal :func:`commit` kept (``keep=True``): the operation is complete. A failure
+    to delete it is not an error: its commit point is reached, so the next command drops it."""
+    with signals_blocked():
+        try:
+            crashpoint.reached("drop journal")
+            _drop(root)
+        except OSError:
+            pass
+
+
+def committed(record: dict[str, Any]) -> bool:
+    """Whether a kept journal's operation reached its commit point (then it rolls forward)."""
+    point = record.get("commit_point")
+    if not isinstance(point, dict):
+        return False
+    try:
+        done = _sha_of(Path(point["path"])) == point["sha256"]
+    except (PatchsetError, OSError, KeyError, TypeError):
+        return False
+    return done and not os.path.lexists(Path(point["pending"]))
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -445,6 +486,9 @@ def _load(root: Path) -> dict[str, Any] | None:
     return record
 
 
+load = _load
+
+
 def _valid_rel(rel: object) -> None:
     if not isinstance(rel, str):
         raise ValueError(f"path {rel!r} is not a string")
@@ -491,6 +535,10 @@ def roll_back(root: Path) -> int:
             crashpoint.reached("discard staging")
             shutil.rmtree(staging)
         remove_empty_state_dir(root)
+        return 0
+    if committed(record):  # the second root is written too: the operation finished
+        crashpoint.reached("drop journal")
+        _drop(root)
         return 0
     problems = []
     plan = []

@@ -140,6 +140,11 @@ def refresh_patch(
         by_name = {p.name: p for p in patches}
         patch = by_name[name]
         recorded_images = state.applied[index].images
+        if patch.sha256 != recorded_images.sha256:
+            raise TreeStateError(
+                f"{name} changed on disk since it was applied; cannot refresh",
+                hint=f"restore patches/{name} (git checkout), or unapply, edit, apply",
+            )
         paths = sorted(i.path for i in recorded_images.files)
         later = [
             f"{a.name} also touches {path}"
@@ -199,30 +204,17 @@ def refresh_patch(
         for fp, (path, pre, post) in zip(parsed.files, checks, strict=True):
             if fp.path != path or apply_file(pre, fp) != post:
                 raise PatchFormatError(f"{name}: refreshed diff of {path} does not re-apply")
-        if patch.sha256 != recorded_images.sha256 and parsed.sha256 != patch.sha256:
-            raise TreeStateError(
-                f"{name} changed on disk since it was applied; cannot refresh",
-                hint=f"restore patches/{name} (git checkout), or unapply, edit, apply",
-            )
-        if patch.sha256 != recorded_images.sha256:
-            log(f"{name}: finishing an interrupted refresh (the patch file already holds it)")
         new_images = PatchImages(name, parsed.sha256, tuple(images))
         new_state = _state_after(state, index, new_images, dropped)
         computed = make_lock(parsed, state)
         lock_text = lock_to_json(computed.lock).encode("utf-8")
         old_lock = read_regular(repo / LOCK_FILE)
-        commit_repo(
-            repo, "refresh", (name,), {f"patches/{name}": data, LOCK_FILE: lock_text}
-        )
-        plan = journal.Plan(
-            tree.root, "refresh", (name,), removable=lambda d: d.startswith(STATE_DIR + "/")
-        )
-        gone = set(state.backups) - set(new_state.backups)
-        for path in sorted(gone):
-            if state.backups[path] is not None:
-                plan.delete(backup_rel(path))
-        plan.put(state_rel(), state_to_json(new_state).encode("utf-8"), 0o644)
-        journal.commit(plan)
+        repo_files = {f"patches/{name}": data, LOCK_FILE: lock_text}
+        state_bytes = state_to_json(new_state).encode("utf-8")
+        if state_bytes == read_regular(tree.root / state_rel()):
+            commit_repo(repo, "refresh", (name,), repo_files)
+        else:
+            _commit_both(tree, repo, name, repo_files, state, new_state, state_bytes)
         return Refreshed(
             data,
             new_images,
@@ -233,15 +225,48 @@ def refresh_patch(
         )
 
 
+def _commit_both(
+    tree: Tree,
+    repo: Path,
+    name: str,
+    repo_files: dict[str, bytes],
+    state: TreeState,
+    new_state: TreeState,
+    state_bytes: bytes,
+) -> None:
+    """The checkout's files, then the tree's state, as one operation: the checkout's journal
+    is kept until the tree's commit is done, and its commit point is the tree's new
+    ``state.json`` with no tree journal left; a recovery before that point rolls both back,
+    one after it drops the checkout's journal (the refresh finished)."""
+    point = {
+        "path": str(tree.root / state_rel()),
+        "sha256": sha256_bytes(state_bytes),
+        "pending": str(journal.journal_dir(tree.root) / journal.JOURNAL_FILE),
+    }
+    commit_repo(repo, "refresh", (name,), repo_files, commit_point=point)
+    plan = journal.Plan(
+        tree.root, "refresh", (name,), removable=lambda d: d.startswith(STATE_DIR + "/")
+    )
+    for path in sorted(set(state.backups) - set(new_state.backups)):
+        if state.backups[path] is not None:
+            plan.delete(backup_rel(path))
+    plan.put(state_rel(), state_bytes, 0o644)
+    try:
+        journal.commit(plan)
+    except BaseException:
+        with journal.signals_blocked():
+            journal.roll_back(repo)
+        raise
+    journal.finish(repo)
+
+
 def _state_after(
     state: TreeState, index: int, images: PatchImages, dropped: list[str]
 ) -> TreeState:
     """The state with patch ``index`` at ``images``; a dropped file no other applied patch
     touches leaves ``backups``/``modes`` (it is back at its pristine bytes), and created
     directories that no longer hold a file of the patch leave ``created_dirs``."""
-    others = {
-        i.path for j, a in enumerate(state.applied) if j != index for i in a.images.files
-    }
+    others = {i.path for j, a in enumerate(state.applied) if j != index for i in a.images.files}
     gone = {p for p in dropped if p not in others}
     backups = {p: s for p, s in state.backups.items() if p not in gone}
     modes = {
@@ -250,7 +275,9 @@ def _state_after(
         if p in backups or any(b.startswith(p + "/") for b in backups)
     }
     parents = {
-        "/".join(i.path.split("/")[:d]) for i in images.files for d in range(1, i.path.count("/") + 1)
+        "/".join(i.path.split("/")[:d])
+        for i in images.files
+        for d in range(1, i.path.count("/") + 1)
     }
     applied = list(state.applied)
     applied[index] = replace(

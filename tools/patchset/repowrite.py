@@ -39,20 +39,36 @@ def recover_repo(repo: Path, log: Log = _quiet, timeout: float = DEFAULT_TIMEOUT
         if not journal.pending(repo):  # the writer we waited for finished it
             return False
         head, _ = journal.describe(repo)
+        record = journal.load(repo)
+        if record is not None and journal.committed(record):
+            journal.roll_back(repo)  # drops the journal: the run had finished
+            log(f"{repo}: a {record['op']} killed after it finished; dropped its journal")
+            return True
         log(f"{repo}: {head}; rolling it back")
         moved = journal.roll_back(repo)
         log(f"Rolled back {moved} file(s) of the checkout to before that run")
         return True
 
 
-def commit_repo(repo: Path, op: str, names: tuple[str, ...], files: dict[str, bytes]) -> int:
+def commit_repo(
+    repo: Path,
+    op: str,
+    names: tuple[str, ...],
+    files: dict[str, bytes],
+    *,
+    commit_point: dict[str, str] | None = None,
+) -> int:
     """Write every ``files`` entry (checkout-relative path -> bytes) all or nothing; return the
-    number of files changed. The caller holds :func:`repo_lock`."""
-    plan = journal.Plan(repo, op, names, removable=lambda _d: False)
+    number of files changed. The caller holds :func:`repo_lock`.
+
+    With ``commit_point`` the journal stays (the caller writes a tree next, then calls
+    ``journal.finish(repo)``); a recovery before that rolls the checkout back unless the
+    tree reached the commit point (see :class:`patchset.journal.Plan`)."""
+    plan = journal.Plan(repo, op, names, removable=lambda _d: False, commit_point=commit_point)
     for rel, data in files.items():
         try:
             mode = stat.S_IMODE(os.lstat(repo / rel).st_mode)
         except FileNotFoundError:
             mode = 0o644
         plan.put(rel, data, mode)
-    return journal.commit(plan)
+    return journal.commit(plan, keep=commit_point is not None)
