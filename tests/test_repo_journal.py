@@ -141,46 +141,40 @@ def test_a_killed_import_never_makes_the_series_unreadable(ws: Workspace, env, t
     assert point > 5
 
 
-def test_two_imports_at_once_take_two_numbers(ws: Workspace, env, tmp_path) -> None:
+def test_an_import_started_during_another_waits_and_takes_the_next_number(
+    ws: Workspace, env, tmp_path, monkeypatch
+) -> None:
+    """The second import starts while the first is between reading the series and writing;
+    it must wait for the checkout's lock, then see the first's entry."""
+    import time
+
+    import patchset.intake as intake
+
     ws.setup(BASE, [FIRST])
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", env["GIT_CONFIG_GLOBAL"])
     inputs = []
     for index, line in enumerate((b"a12 = 12\n", b"a20 = 20\n")):
         path = tmp_path / f"in{index}.patch"
-        path.write_bytes(
-            patch_bytes(
-                {"pkg/b.py": (b"b = 2\n", b"b = 2\n" + line)}
-                if index
-                else {"pkg/a.py": (A2, A2.replace(line, b"# " + line))},
-                subject=f"[Test] Change {index}",
-            )
-        )
+        change = {"pkg/a.py": (A2, A2.replace(line, b"# " + line))}
+        path.write_bytes(patch_bytes(change, subject=f"[Test] Change {index}"))
         inputs.append(path)
-    saved = tmp_path / "saved"
-    _copy(ws.repo, saved)
-    for _round in range(3):
-        _copy(saved, ws.repo)
-        argv = [
-            [
-                sys.executable,
-                "-m",
-                "patchset",
-                "-C",
-                str(ws.repo),
-                "import",
-                str(p),
-                "--base",
-                f"vllm={ws.base}",
-            ]
-            for p in inputs
-        ]
-        procs = [
-            subprocess.Popen(a, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            for a in argv
-        ]
-        codes = [p.wait(timeout=60) for p in procs]
-        lines = (ws.repo / "series").read_text().splitlines()
-        listed = [x for x in lines if x and not x.startswith("#")]
-        assert codes == [0, 0], [p.stderr.read() for p in procs]
-        numbers = [name.split("/")[1][:4] for name in listed]
-        assert len(set(numbers)) == len(numbers) == 3, listed
-        assert _run(ws, env, "lock", "--check").returncode == 0
+    real = intake.compute_lock
+    second: list[subprocess.Popen] = []
+
+    def slow(*args, **kwargs):
+        if not second:
+            argv = [sys.executable, "-m", "patchset", "-C", str(ws.repo), "import"]
+            argv += [str(inputs[1]), "--base", f"vllm={ws.base}"]
+            second.append(
+                subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            )
+            time.sleep(4)  # time enough for the second import to finish, were it not locked out
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(intake, "compute_lock", slow)
+    assert ws.cli("import", str(inputs[0]), "--base", f"vllm={ws.base}") == 0
+    assert second[0].wait(timeout=60) == 0, second[0].stderr.read()
+    lines = (ws.repo / "series").read_text().splitlines()
+    listed = [x for x in lines if x and not x.startswith("#")]
+    assert listed == [FIRST[0], "vllm/0002-change-0.patch", "vllm/0003-change-1.patch"], listed
+    assert ws.cli("lock", "--check") == 0
