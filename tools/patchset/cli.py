@@ -165,7 +165,15 @@ def cmd_unapply(args: argparse.Namespace, repo: Path) -> int:
 
 def cmd_verify(args: argparse.Namespace, repo: Path) -> int:
     tree, target = _tree_target(args, repo)
-    state = verify_tree(tree, for_target(load_series(repo), target), load_lock(repo))
+    patches = for_target(load_series(repo), target)
+    state = verify_tree(tree, patches, load_lock(repo))
+    if not state.applied:
+        touched = len({path for p in patches for path in p.paths})
+        _info(
+            f"OK: 0 of {len(patches)} patch(es) applied: {tree.root} is the pinned base "
+            f"({touched} touched file(s) at their preimages); patchset apply patches it"
+        )
+        return 0
     files = len(state.expected())
     _info(f"OK: {len(state.applied)} patch(es), {files} touched file(s) match in {tree.root}")
     return 0

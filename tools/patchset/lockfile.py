@@ -54,17 +54,26 @@ def shape_problems(patches: tuple[Patch, ...]) -> list[str]:
     becomes a directory, or the reverse): refused, like git refuses them without a rename."""
     out = []
     for target in dict.fromkeys(p.target for p in patches):
-        paths = {path: p.name for p in patches if p.target == target for path in p.paths}
-        for path, name in sorted(paths.items()):
+        paths: dict[str, list[str]] = {}
+        for p in patches:
+            if p.target == target:
+                for path in p.paths:
+                    paths.setdefault(path, []).append(p.name)
+        for path, names in sorted(paths.items()):
             parts = path.split("/")
             for depth in range(1, len(parts)):
                 parent = "/".join(parts[:depth])
                 if parent in paths:
                     out.append(
                         f"{parent} is a file and a directory in the series "
-                        f"({paths[parent]} touches {parent}, {name} touches {path})"
+                        f"({_who(paths[parent])} {parent}, {_who(names)} {path})"
                     )
     return out
+
+
+def _who(names: list[str]) -> str:
+    """``a touches`` / ``a, b touch``: every patch touching a path, in series order."""
+    return f"{', '.join(names)} {'touches' if len(names) == 1 else 'touch'}"
 
 
 def compute_lock(
