@@ -240,4 +240,29 @@ def test_an_unwritable_file_mid_apply_is_rolled_back_and_said_so(ws, monkeypatch
     assert "pkg/a.py" in err and "every write was rolled back" in err, err
     monkeypatch.undo()
     assert snapshot(ws.tree) == before
-    assert ws.cli("recover") == 2
+    assert ws.cli("recover", "--tree", str(ws.tree)) == 2
+
+
+def test_an_empty_state_dir_left_by_a_kill_is_recovered(ws: Workspace, capsys) -> None:
+    """A kill between the journal's delete and the removal of the emptied .patchset/ leaves
+    an empty .patchset/: recover removes it (exit 0), it is not 'nothing to do'."""
+    before, _ = _states(ws)
+    (ws.tree / ".patchset" / "journal").mkdir(parents=True)
+    os.rmdir(ws.tree / ".patchset" / "journal")
+    assert ws.cli("recover", "--tree", str(ws.tree)) == 0
+    assert snapshot(ws.tree) == before
+
+
+def test_ctrl_c_before_the_journal_prints_no_traceback(ws: Workspace, monkeypatch, capsys):
+    import patchset.apply as apply_module
+
+    before, _ = _states(ws)
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(apply_module, "trusted_state", interrupted)
+    assert ws.cli("apply") == 130
+    err = capsys.readouterr().err
+    assert "interrupted by SIGINT" in err and "Traceback" not in err
+    assert snapshot(ws.tree) == before

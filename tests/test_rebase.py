@@ -466,3 +466,57 @@ def test_a_cached_sdist_is_not_used_over_a_different_file_given(tmp_path: Path, 
     assert first.new.sha256 != second.new.sha256 == sha256_bytes(again.read_bytes())
     stamp = json.loads((tmp_path / "cache/rebase/vllm-2.0.0.tar.gz.check.json").read_text())
     assert stamp == {"sha256": second.new.sha256, "top_dir": "vllm-2.0.0", "version": "2.0.0"}
+
+
+# -- issue 32: output directories that would break the series; a full disk while writing ------
+
+
+def test_rebase_and_export_refuse_a_destination_inside_patches(tmp_path: Path, monkeypatch, capsys):
+    from patchset.cli import main
+
+    root, old, sdist, wheel = rebase_workspace(tmp_path)
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    before = snapshot(root)
+    with pytest.raises(PatchsetError, match="inside .*patches"):
+        run_rebase(
+            root,
+            "vllm==2.0.0",
+            dry_run=False,
+            dest=root / "patches" / "rebased",
+            sdist=sdist,
+            wheel=wheel,
+            old_tree=old,
+            workdir=tmp_path,
+        )
+    assert main(["-C", str(root), "export", "--to", str(root / "patches" / "out")]) == 1
+    assert "inside" in capsys.readouterr().err
+    assert snapshot(root) == before
+    load_series(root)  # still readable
+
+
+def test_a_full_disk_while_writing_the_rebase_leaves_no_directory(tmp_path: Path, monkeypatch):
+    import errno
+
+    import patchset.lockfile as lockfile
+
+    root, old, sdist, wheel = rebase_workspace(tmp_path)
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+
+    def full(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(lockfile, "write_lock", full)
+    dest = tmp_path / "rebased"
+    with pytest.raises(OSError):
+        run_rebase(
+            root,
+            "vllm==2.0.0",
+            dry_run=False,
+            dest=dest,
+            sdist=sdist,
+            wheel=wheel,
+            old_tree=old,
+            workdir=tmp_path,
+        )
+    assert not dest.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".rebased")]

@@ -474,6 +474,9 @@ def cmd_export(args: argparse.Namespace, repo: Path) -> int:
     series = load_series(repo)
     selected = select(series, args.patches)
     dest = Path(args.to).resolve() if args.to else repo / "dist" / "export"
+    from patchset.rebase import refuse_inside_series
+
+    refuse_inside_series(repo, dest, "--to")
     exported = export_patches(repo, series, selected, dest)
     failed = False
     for item in exported:

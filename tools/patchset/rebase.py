@@ -554,6 +554,33 @@ def write_rebased(
     return entries
 
 
+def refuse_inside_series(root: Path, dest: Path, option: str) -> None:
+    """Refuse an output directory inside the checkout's ``patches/`` (every file there must be
+    a listed patch: anything else makes every command refuse the series)."""
+    patches = (root / "patches").resolve()
+    where = dest.resolve()
+    if where == patches or patches in where.parents:
+        raise PatchsetError(
+            f"{option} {dest} is inside {patches}: files there that are not listed patches make "
+            "every command refuse the series; nothing was written",
+            hint=f"choose a directory outside patches/ with {option} (e.g. under build/ or dist/)",
+        )
+
+
+def _write_staged(dest: Path, write: Callable[[Path], None]) -> None:
+    """Write a new directory all or nothing: into a hidden sibling, renamed to ``dest`` last
+    (a kill or a full disk leaves no ``dest``; the sibling is deleted on failure)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.partial-"))
+    try:
+        staged.rmdir()  # write_rebased makes it (it refuses an existing directory)
+        write(staged)
+        os.rename(staged, dest)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+
+
 def run_rebase(
     root: Path,
     onto: str,
@@ -589,6 +616,8 @@ def run_rebase(
     data = {p.name: (root / "patches" / p.name).read_bytes() for p in series}
     if not dry_run and dest is None:
         dest = root / "build" / f"rebase-{target}-{version}"
+    if dest is not None:
+        refuse_inside_series(root, dest, "--to")
     if dest is not None and dest.exists():
         raise PatchsetError(
             f"refusing to write the rebased series into existing {dest}",
@@ -620,7 +649,13 @@ def run_rebase(
         )
         if not dry_run:
             assert dest is not None
-            _write_output(root, dest, report, series, data, pins, new_tree, wheel, pip, log)
+            _write_staged(
+                dest,
+                lambda staged: _write_output(
+                    root, staged, report, series, data, pins, new_tree, wheel, pip, log
+                ),
+            )
+            log(f"Wrote the rebased series to {dest}")
     finally:
         if keep:
             log(f"Kept the scratch repository: git -C {tmp / 'repo'} log --oneline --all")
@@ -690,4 +725,3 @@ def _write_output(
         for t in dict.fromkeys(p.target for p in rebased)
     }
     write_lock(dest, compute_lock(rebased, bases, pin_digests(dest)).lock)
-    log(f"Wrote the rebased series to {dest}")
