@@ -470,14 +470,15 @@ def cmd_export(args: argparse.Namespace, repo: Path) -> int:
         select,
         table,
     )
-
-    series = load_series(repo)
-    selected = select(series, args.patches)
-    dest = Path(args.to).resolve() if args.to else repo / "dist" / "export"
     from patchset.rebase import refuse_inside_series
 
+    dest = Path(args.to).resolve() if args.to else repo / "dist" / "export"
     refuse_inside_series(repo, dest, "--to")
-    exported = export_patches(repo, series, selected, dest)
+    with repo_lock(repo):  # the series, its patch files and the mboxes made from them agree
+        series = load_series(repo)
+        selected = select(series, args.patches)
+        exported = export_patches(repo, series, selected, dest)
+        patch_bytes = {p.name: (repo / "patches" / p.name).read_bytes() for p in series}
     failed = False
     for item in exported:
         _info(f"Exported {item.name} -> {item.mbox.relative_to(dest)}, {item.pr_body.name}")
@@ -487,7 +488,7 @@ def cmd_export(args: argparse.Namespace, repo: Path) -> int:
     _info(f"Wrote {len(exported)} mbox(es) and PR bodies to {dest}")
     if not args.check:
         return 1 if failed else 0
-    mboxes = {p.name: mbox_bytes(p, (repo / "patches" / p.name).read_bytes()) for p in series}
+    mboxes = {p.name: mbox_bytes(p, patch_bytes[p.name]) for p in series}
     bases = _pristine_bases(args, repo, [p.target for p in selected])
     (repo / "build").mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=repo / "build", prefix="export-check-") as tmp:
@@ -554,17 +555,18 @@ def cmd_rebase(args: argparse.Namespace, repo: Path) -> int:
     from patchset.rebase import report_json, run_rebase
 
     (repo / "build").mkdir(exist_ok=True)
-    report = run_rebase(
-        repo,
-        args.onto,
-        dry_run=args.dry_run,
-        dest=Path(args.to).resolve() if args.to else None,
-        sdist=Path(args.sdist).resolve() if args.sdist else None,
-        wheel=Path(args.wheel).resolve() if args.wheel else None,
-        workdir=repo / "build",
-        keep=args.keep,
-        log=_info,
-    )
+    with repo_lock(repo):  # reads the series while no import/refresh/lock changes it
+        report = run_rebase(
+            repo,
+            args.onto,
+            dry_run=args.dry_run,
+            dest=Path(args.to).resolve() if args.to else None,
+            sdist=Path(args.sdist).resolve() if args.sdist else None,
+            wheel=Path(args.wheel).resolve() if args.wheel else None,
+            workdir=repo / "build",
+            keep=args.keep,
+            log=_info,
+        )
     for line in report.table():
         _info(line)
     summary = ", ".join(f"{n} {s}" for s, n in report.summary().items() if n)

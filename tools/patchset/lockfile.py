@@ -168,10 +168,11 @@ def lock_from_json(text: str, where: str = LOCK_FILE) -> Lock:
 
 def load_lock(repo: Path) -> Lock:
     path = repo / LOCK_FILE
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise LockError(f"no {LOCK_FILE} in {repo}", hint="run patchset lock") from None
+    from patchset.tree import read_regular
+
+    data = read_regular(path)  # never a symlink's target or a FIFO
+    if data is None:
+        raise LockError(f"no {LOCK_FILE} in {repo}", hint="run patchset lock")
     from patchset.series import decode_utf8
 
     text = decode_utf8(data, LOCK_FILE, LockError, "run patchset lock")

@@ -4,7 +4,10 @@ The diff is regenerated with difflib (3 lines of context, no autojunk) with git-
 and full blob ids, in path order, so the same tree always gives the same bytes. The preimage of
 each file comes from the pristine backup under ``.patchset/`` plus the applied patches below,
 and is checked against the recorded preimage hash. The result is re-parsed and re-applied with
-patchset's own engine before anything is written.
+patchset's own engine before anything is written. A file back at its preimage drops out of the
+patch and the state. Nothing is read through a symlink or from a non-regular file. The patch
+file and ``series.lock`` (checkout) and the state (tree) are written as one operation through
+two journals (see :func:`refresh_patch`).
 """
 
 from __future__ import annotations
