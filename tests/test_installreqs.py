@@ -6,7 +6,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from patchset.errors import PinError
 from patchset.installreqs import install_requirements, wheel_requires
 from patchset.pins import parse_pins

@@ -134,3 +134,66 @@ def test_import_refuses_what_apply_refuses_and_writes_nothing(
     assert repo_ws.cli("import", str(untagged), "--subject", "no tag") == 1
     assert "[Tag] Title" in capsys.readouterr().err
     assert snapshot(repo_ws.repo) == before
+
+
+# -- issue 32: valid diffs refused for the wrong reasons ---------------------------------------
+
+
+DASH = b"".join([b"notes = '''\n", b"- a\n", b"- \n", b"'''\n"] * 1) + b"- \n"
+"""A file whose last line is ``- `` (a hunk deleting it shows ``-- ``, like a signature)."""
+
+
+@pytest.mark.parametrize("signature", [True, False])
+def test_a_hunk_deleting_a_dash_space_line_is_not_a_signature(
+    ws: Workspace, tmp_path, monkeypatch, signature: bool
+) -> None:
+    config = tmp_path / "gitconfig"
+    config.write_text("[user]\n\tname = Imp Orter\n\temail = imp@example.invalid\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
+    ws.setup({**BASE, "pkg/notes.py": DASH}, [FIRST])
+    upstream = tmp_path / "up"
+    write_tree(upstream, {**BASE, "pkg/a.py": A2, "pkg/notes.py": DASH})
+    git(upstream, "init", "-q")
+    git(upstream, "add", "-A")
+    git(upstream, "commit", "-qm", "base")
+    (upstream / "pkg/notes.py").write_bytes(DASH[: -len(b"- \n")])
+    git(upstream, "commit", "-qam", "[Docs] Drop the empty item")
+    flags = [] if signature else ["--no-signature"]
+    mbox = git(upstream, "format-patch", *flags, "-1", "--stdout").encode()
+    assert b"\n-- \n" in mbox
+    (tmp_path / "in.patch").write_bytes(mbox)
+    assert ws.cli("import", str(tmp_path / "in.patch")) == 0
+    assert ws.cli("apply") == 0
+    assert (ws.tree / "pkg/notes.py").read_bytes() == DASH[: -len(b"- \n")]
+
+
+def test_diff_ruN_of_two_directories_is_imported(repo_ws: Workspace, tmp_path, capsys) -> None:
+    work = tmp_path / "dirs"
+    write_tree(work / "old", {"pkg/a.py": A2})
+    write_tree(
+        work / "new",
+        {"pkg/a.py": A2.replace(b"a15 = 15\n", b"a15 = 150\n"), "pkg/added.py": b"ADDED = 1\n"},
+    )
+    result = subprocess.run(["diff", "-ruN", "old", "new"], cwd=work, capture_output=True)
+    assert result.returncode == 1 and b"diff -ruN old/pkg/a.py new/pkg/a.py" in result.stdout
+    diff = tmp_path / "dirs.diff"
+    diff.write_bytes(result.stdout)
+    assert repo_ws.cli("import", str(diff), "--subject", "[Test] Two dirs") == 0, (
+        capsys.readouterr().err
+    )
+    data = _imported(repo_ws, "vllm/0002-two-dirs.patch")
+    assert b"new file mode 100644" in data and b"diff --git a/pkg/added.py b/pkg/added.py" in data
+    assert repo_ws.cli("apply") == 0
+    assert (repo_ws.tree / "pkg/added.py").read_bytes() == b"ADDED = 1\n"
+    assert b"a15 = 150\n" in (repo_ws.tree / "pkg/a.py").read_bytes()
+
+
+def test_a_path_missing_from_the_base_is_named_not_the_series(
+    repo_ws: Workspace, tmp_path, capsys
+) -> None:
+    wrong = tmp_path / "wrong.diff"
+    wrong.write_bytes(b"--- x/pkg/zz.py\n+++ y/pkg/zz.py\n@@ -1 +1 @@\n-a\n+b\n")
+    assert repo_ws.cli("import", str(wrong), "--subject", "[Test] Missing") == 1
+    err = capsys.readouterr().err
+    assert "x/pkg/zz.py" in err or "pkg/zz.py" in err
+    assert "does not exist" in err and "the tree the series produces" not in err, err

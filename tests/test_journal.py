@@ -153,6 +153,10 @@ def test_enospc_rolls_back_in_process(ws: Workspace, capsys) -> None:
             continue
         failed += 1
         assert result.returncode == 1 and "No space left on device" in result.stderr
+        assert (
+            "every write was rolled back" in result.stderr
+            and "hint: apply/unapply" not in result.stderr
+        )
         assert snapshot(ws.tree) == before
     assert failed >= 3
 
@@ -206,3 +210,59 @@ def test_makefile_apply_accepts_only_a_verified_tree() -> None:
     makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
     line = next(x for x in makefile.splitlines() if "$(PATCHSET) apply" in x)
     assert "--if-needed" in line and "$$?" not in line
+
+
+def test_an_unwritable_file_mid_apply_is_rolled_back_and_said_so(ws, monkeypatch, capsys) -> None:
+    """An immutable touched file (os.replace and os.chmod on it fail with EPERM) stops the
+    apply after other files were moved: the rollback never chmods a path it did not move, the
+    tree ends as before, and the message names the file and says the writes were rolled back
+    (and recover has nothing left to do)."""
+    import errno
+
+    before, _ = _states(ws)
+    stuck = str(ws.tree / "pkg/a.py")
+    real_replace, real_chmod = os.replace, os.chmod
+
+    def replace(src, dst, *args, **kwargs):
+        if str(dst) == stuck:
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(dst))
+        return real_replace(src, dst, *args, **kwargs)
+
+    def chmod(path, mode, *args, **kwargs):
+        if str(path) == stuck:
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+        return real_chmod(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "chmod", chmod)
+    assert ws.cli("apply") == 1
+    err = capsys.readouterr().err
+    assert "pkg/a.py" in err and "every write was rolled back" in err, err
+    monkeypatch.undo()
+    assert snapshot(ws.tree) == before
+    assert ws.cli("recover", "--tree", str(ws.tree)) == 2
+
+
+def test_an_empty_state_dir_left_by_a_kill_is_recovered(ws: Workspace, capsys) -> None:
+    """A kill between the journal's delete and the removal of the emptied .patchset/ leaves
+    an empty .patchset/: recover removes it (exit 0), it is not 'nothing to do'."""
+    before, _ = _states(ws)
+    (ws.tree / ".patchset" / "journal").mkdir(parents=True)
+    os.rmdir(ws.tree / ".patchset" / "journal")
+    assert ws.cli("recover", "--tree", str(ws.tree)) == 0
+    assert snapshot(ws.tree) == before
+
+
+def test_ctrl_c_before_the_journal_prints_no_traceback(ws: Workspace, monkeypatch, capsys):
+    import patchset.apply as apply_module
+
+    before, _ = _states(ws)
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(apply_module, "trusted_state", interrupted)
+    assert ws.cli("apply") == 130
+    err = capsys.readouterr().err
+    assert "interrupted by SIGINT" in err and "Traceback" not in err
+    assert snapshot(ws.tree) == before

@@ -65,3 +65,56 @@ def test_non_ascii_names_print_as_written() -> None:
     )
     _, problems = parse_diff(diff)
     assert problems == ["café.py: mode change (100644 -> 100755); patches may not change modes"]
+
+
+# -- issue 32: messages say what failed and only mention a rollback that happened -------------
+
+
+def test_an_os_error_outside_the_journal_claims_no_rollback(ws: Workspace, capsys) -> None:
+    ws.setup({"a.py": b"a\n"}, [])
+    assert ws.cli("import", str(ws.repo / "no-such.patch"), "--subject", "[Test] X") == 1
+    err = capsys.readouterr().err
+    assert "No such file or directory" in err and "no-such.patch" in err
+    assert "roll" not in err, err
+
+
+def test_inode_exhaustion_is_named_before_anything_is_written(ws: Workspace, monkeypatch, capsys):
+    import os
+
+    from conftest import snapshot
+
+    ws.setup({"a.py": b"a\n"}, [("vllm/0001-x.patch", patch_bytes({"a.py": (b"a\n", b"b\n")}))])
+    before = snapshot(ws.tree)
+    real = os.statvfs
+
+    def no_inodes(path):
+        got = real(path)
+        return os.statvfs_result((*got[:5], 1000, 3, 3, *got[8:]))
+
+    monkeypatch.setattr(os, "statvfs", no_inodes)
+    assert ws.cli("apply") == 1
+    err = capsys.readouterr().err
+    assert "not enough free inodes" in err and "nothing was changed" in err, err
+    assert snapshot(ws.tree) == before
+
+
+def test_file_becoming_directory_names_the_patch_that_made_the_file(ws: Workspace, capsys):
+    ws.setup({"a.py": b"a\n"}, [])
+    ws.add_patch("vllm/0001-file.patch", patch_bytes({"pkg/x": (None, b"x\n")}))
+    ws.add_patch("vllm/0002-edit.patch", patch_bytes({"pkg/x": (b"x\n", b"y\n")}))
+    ws.add_patch("vllm/0003-dir.patch", patch_bytes({"pkg/x/y.py": (None, b"y\n")}))
+    ws.write_series(["vllm/0001-file.patch", "vllm/0002-edit.patch", "vllm/0003-dir.patch"])
+    assert ws.cli("lock") == 1
+    err = capsys.readouterr().err
+    line = next(x for x in err.splitlines() if "is a file and a directory" in x)
+    assert "vllm/0001-file.patch" in line and "vllm/0003-dir.patch" in line, line
+
+
+def test_verify_on_a_never_patched_tree_checks_the_base_and_exits_0(ws: Workspace, capsys):
+    ws.setup({"a.py": b"a\n"}, [("vllm/0001-x.patch", patch_bytes({"a.py": (b"a\n", b"b\n")}))])
+    assert ws.cli("verify") == 0
+    out = capsys.readouterr().out
+    assert "0 of 1 patch(es) applied" in out, out
+    (ws.tree / "a.py").write_bytes(b"edited\n")
+    assert ws.cli("verify") == 1
+    assert "a.py: expected" in capsys.readouterr().err

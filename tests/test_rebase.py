@@ -225,10 +225,11 @@ def test_fetched_release_is_pinned_then_rehashed(tmp_path: Path) -> None:
     def pip(args, env) -> None:
         calls.append((list(args), dict(env)))
         dest = Path(args[args.index("--dest") + 1])
-        (dest / "vllm-2.0.0.tar.gz").write_bytes(b"sdist bytes")
+        (dest / "vllm-2.0.0.tar.gz").write_bytes(made)
 
+    made = sdist_bytes("vllm-2.0.0", {"a.py": ONE})
     path, digest = fetch_release(pin, tmp_path / "cache", pip=pip)
-    assert digest == sha256_bytes(b"sdist bytes")
+    assert digest == sha256_bytes(made)
     assert calls[0][0][-1] == "vllm==2.0.0"
     assert calls[0][1]["VLLM_VERSION_OVERRIDE"] == "2.0.0"
     assert fetch_release(pin, tmp_path / "cache", pip=pip) == (path, digest)
@@ -280,7 +281,14 @@ def test_rewrite_pins_keeps_comments_and_other_tables() -> None:
         rewrite_pins(text, "vllm", {"wheel": {"top_dir": "x"}})
 
 
-def sdist_bytes(top: str, files: dict[str, bytes]) -> bytes:
+def sdist_bytes(top: str, files: dict[str, bytes], version: str | None = None) -> bytes:
+    """An sdist: ``files`` under ``top/`` and a PKG-INFO naming ``version`` (default: the
+    version in ``top``)."""
+    version = version or top.rsplit("-", 1)[-1]
+    files = {
+        "PKG-INFO": f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n".encode(),
+        **files,
+    }
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for rel, data in sorted(files.items()):
@@ -414,3 +422,101 @@ def test_cli_rebase_dry_run_writes_only_the_json_report(
     after = snapshot(root)
     # only the pristine unpack of the pinned base under build/ may appear
     assert {k: v for k, v in after.items() if not k.startswith("build")} == before
+
+
+# -- issue 32: every sdist given is checked against the requested version ---------------------
+
+
+def test_an_sdist_of_another_version_is_refused_whatever_its_top_folder(
+    tmp_path: Path, monkeypatch
+) -> None:
+    root, old, sdist, _ = rebase_workspace(tmp_path)
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    renamed = tmp_path / "renamed" / "vllm-2.0.0.tar.gz"
+    renamed.parent.mkdir()
+    renamed.write_bytes(sdist_bytes("vllm-2.0.0", {"a.py": ONE, "b.py": ONE}, version="1.5.0"))
+    with pytest.raises(PatchsetError, match="PKG-INFO.*1.5.0"):
+        run_rebase(root, "vllm==2.0.0", dry_run=True, sdist=renamed, old_tree=old, workdir=tmp_path)
+    other_top = tmp_path / "top" / "vllm-2.0.0.tar.gz"
+    other_top.parent.mkdir()
+    other_top.write_bytes(sdist_bytes("vllm-1.5.0", {"a.py": ONE}, version="2.0.0"))
+    with pytest.raises(PatchsetError, match="top folder"):
+        run_rebase(
+            root, "vllm==2.0.0", dry_run=True, sdist=other_top, old_tree=old, workdir=tmp_path
+        )
+    # nothing wrong stays cached: the correct file given next is the one used
+    report = run_rebase(
+        root, "vllm==2.0.0", dry_run=True, sdist=sdist, old_tree=old, workdir=tmp_path
+    )
+    assert report.new.sha256 == sha256_bytes(sdist.read_bytes())
+
+
+def test_a_cached_sdist_is_not_used_over_a_different_file_given(tmp_path: Path, monkeypatch):
+    root, old, sdist, _ = rebase_workspace(tmp_path)
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    first = run_rebase(
+        root, "vllm==2.0.0", dry_run=True, sdist=sdist, old_tree=old, workdir=tmp_path
+    )
+    again = tmp_path / "again" / "vllm-2.0.0.tar.gz"
+    again.parent.mkdir()
+    again.write_bytes(sdist_bytes("vllm-2.0.0", {"a.py": ONE, "b.py": ONE + b"more\n"}))
+    second = run_rebase(
+        root, "vllm==2.0.0", dry_run=True, sdist=again, old_tree=old, workdir=tmp_path
+    )
+    assert first.new.sha256 != second.new.sha256 == sha256_bytes(again.read_bytes())
+    stamp = json.loads((tmp_path / "cache/rebase/vllm-2.0.0.tar.gz.check.json").read_text())
+    assert stamp == {"sha256": second.new.sha256, "top_dir": "vllm-2.0.0", "version": "2.0.0"}
+
+
+# -- issue 32: output directories that would break the series; a full disk while writing ------
+
+
+def test_rebase_and_export_refuse_a_destination_inside_patches(tmp_path: Path, monkeypatch, capsys):
+    from patchset.cli import main
+
+    root, old, sdist, wheel = rebase_workspace(tmp_path)
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    before = snapshot(root)
+    with pytest.raises(PatchsetError, match="inside .*patches"):
+        run_rebase(
+            root,
+            "vllm==2.0.0",
+            dry_run=False,
+            dest=root / "patches" / "rebased",
+            sdist=sdist,
+            wheel=wheel,
+            old_tree=old,
+            workdir=tmp_path,
+        )
+    assert main(["-C", str(root), "export", "--to", str(root / "patches" / "out")]) == 1
+    assert "inside" in capsys.readouterr().err
+    assert snapshot(root) == before
+    load_series(root)  # still readable
+
+
+def test_a_full_disk_while_writing_the_rebase_leaves_no_directory(tmp_path: Path, monkeypatch):
+    import errno
+
+    import patchset.lockfile as lockfile
+
+    root, old, sdist, wheel = rebase_workspace(tmp_path)
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+
+    def full(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(lockfile, "write_lock", full)
+    dest = tmp_path / "rebased"
+    with pytest.raises(OSError):
+        run_rebase(
+            root,
+            "vllm==2.0.0",
+            dry_run=False,
+            dest=dest,
+            sdist=sdist,
+            wheel=wheel,
+            old_tree=old,
+            workdir=tmp_path,
+        )
+    assert not dest.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".rebased")]

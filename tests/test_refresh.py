@@ -106,3 +106,63 @@ def test_refresh_of_unedited_git_patch_reproduces_git_bytes(ws: Workspace, tmp_p
     (ws.tree / "pkg/w.py").write_bytes(edited + b"")
     assert ws.cli("refresh", "vllm/0001-edit.patch") == 2
     assert (ws.repo / "patches/vllm/0001-edit.patch").read_bytes() == made
+
+
+# -- issue 32: files that drop out, symlinks, non-regular files -----------------------------
+
+
+def _two_file_patch(ws: Workspace) -> tuple[dict, dict]:
+    base = {**BASE, "pkg/keep.py": b"k\n"}
+    ws.setup(
+        base,
+        [
+            (
+                "vllm/0001-a.patch",
+                patch_bytes({"a.py": (BASE["a.py"], A1), "pkg/n.py": (None, b"n\n")}),
+            )
+        ],
+    )
+    before = snapshot(ws.tree)
+    assert ws.cli("apply") == 0
+    return before, snapshot(ws.tree)
+
+
+def test_refresh_after_a_file_is_reverted_drops_it_and_the_state_stays_trusted(ws, capsys):
+    before, _ = _two_file_patch(ws)
+    (ws.tree / "a.py").write_bytes(BASE["a.py"])
+    assert ws.cli("refresh", "vllm/0001-a.patch") == 0
+    (patch,) = load_series(ws.repo)
+    assert patch.paths == ("pkg/n.py",)
+    assert ws.cli("verify") == 0, capsys.readouterr().err
+    assert ws.cli("lock", "--check") == 0
+    assert ws.cli("unapply") == 0
+    assert snapshot(ws.tree) == before
+    assert ws.cli("apply") == 0 and ws.cli("verify") == 0
+
+
+def test_refresh_after_an_added_file_is_deleted_drops_it(ws, capsys):
+    before, _ = _two_file_patch(ws)
+    (ws.tree / "pkg/n.py").unlink()
+    assert ws.cli("refresh", "vllm/0001-a.patch") == 0
+    (patch,) = load_series(ws.repo)
+    assert patch.paths == ("a.py",)
+    assert ws.cli("verify") == 0, capsys.readouterr().err
+    assert ws.cli("unapply") == 0
+    assert snapshot(ws.tree) == before
+    assert ws.cli("apply") == 0 and ws.cli("verify") == 0
+
+
+def test_refresh_never_reads_through_a_symlink(ws, tmp_path, capsys):
+    _two_file_patch(ws)
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"TOKEN=hunter2\n")
+    patch_path = ws.repo / "patches/vllm/0001-a.patch"
+    old_patch, old_lock = patch_path.read_bytes(), (ws.repo / "series.lock").read_bytes()
+    (ws.tree / "a.py").unlink()
+    (ws.tree / "a.py").symlink_to(secret)
+    assert ws.cli("refresh", "vllm/0001-a.patch") == 1
+    err = capsys.readouterr().err
+    assert "symlink" in err, err
+    assert patch_path.read_bytes() == old_patch
+    assert (ws.repo / "series.lock").read_bytes() == old_lock
+    assert b"hunter2" not in patch_path.read_bytes()

@@ -77,7 +77,12 @@ def test_status_reports_applied_not_applied_and_drifted(ws: Workspace, capsys) -
 
 
 def test_verify_on_unpatched_tree_says_nothing_is_applied(ws: Workspace, capsys) -> None:
+    """Issue 32: a never-patched tree of the pinned base verifies (exit 0, so `make verify`
+    passes on a fresh tree) and says that nothing is applied; an edited one does not."""
     ws.setup(BASE, PATCHES)
+    assert ws.cli("verify") == 0
+    assert "0 of 2 patch(es) applied" in capsys.readouterr().out
+    (ws.tree / sorted(BASE)[0]).write_bytes(b"edited\n")
     assert ws.cli("verify") == 1
     assert "no patch is applied" in capsys.readouterr().err
 

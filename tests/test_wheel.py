@@ -639,3 +639,34 @@ def test_cli_wheel_without_b12x_patches_removes_a_stale_b12x_overlay(
     assert not any(path.exists() for path in stale)
     assert keep.exists() and (out / "receipt.json").is_file()
     assert "removing receipt-b12x.json: the series has no b12x patches" in capsys.readouterr().out
+
+
+def test_a_full_disk_at_the_receipt_leaves_the_old_wheel_and_receipt(
+    wheel_ws: Workspace, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 32: the receipt is written last; when that fails the new wheel is removed, so the
+    receipt and the wheels beside it still agree."""
+    import errno
+
+    import patchset.receipt as receipt_module
+
+    first = {"vllm/a.py": (PRISTINE["vllm/a.py"], b"A = 42\n")}
+    wheel_ws.setup(PRISTINE, [("vllm/0001-a.patch", patch_bytes(first))])
+    out = wheel_ws.repo / "dist"
+    argv = ["-C", str(wheel_ws.repo), "wheel", "--tree", str(wheel_ws.tree)]
+    assert main(argv) == 0
+    before = snapshot(out)
+    second = {"vllm/a.py": (b"A = 42\n", b"A = 43\n")}
+    wheel_ws.add_patch("vllm/0002-b.patch", patch_bytes(second, subject="[Test] B"))
+    wheel_ws.write_series(["vllm/0001-a.patch", "vllm/0002-b.patch"])
+    assert wheel_ws.cli("lock") == 0
+
+    def full(*_args: object, **_kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(out / "receipt.json"))
+
+    monkeypatch.setattr(receipt_module, "write_receipt", full)
+    capsys.readouterr()
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and "roll" not in err, err
+    assert snapshot(out) == before

@@ -29,8 +29,8 @@ from patchset.model import AppliedPatch, Lock, Patch, PatchImages, TreeState
 from patchset.release import release_problem
 from patchset.state import (
     STATE_DIR,
-    backup_path,
     backup_rel,
+    read_state,
     state_rel,
     state_to_json,
     trusted_state,
@@ -203,12 +203,13 @@ def apply_series(
             for image in entries[patch.name].files:
                 if image.path not in touched:
                     touched[image.path] = (image.pre, patch.name)
-                    reason = tree.symlink_problem(image.path)
+                    reason = tree.problem(image.path)
                     if reason:
                         refusals.append(f"{patch.name}: {reason}")
         if refusals:
             raise PatchFormatError(
-                "patch paths go through a symlink or a file in the tree; nothing was changed",
+                "patch paths go through a symlink or a file in the tree, or are not regular "
+                "files; nothing was changed",
                 hint="a patch may only write real directories of the tree",
                 details=refusals,
             )
@@ -317,6 +318,12 @@ def recover_tree(tree: Tree, log: Log = _quiet) -> bool:
     Returns whether there was anything to recover.
     """
     if not journal.pending(tree.root):
+        top = tree.root / STATE_DIR
+        if top.is_dir() and not top.is_symlink() and read_state(tree.root) is None:
+            journal.remove_empty_state_dir(tree.root)  # a killed run's last clean-up step
+            if not top.exists():
+                log(f"{tree.root}: removed the empty {STATE_DIR}/ a killed run left")
+                return True
         return False
     head, _ = journal.describe(tree.root)
     log(f"{tree.root}: {head}; rolling it back")
@@ -360,15 +367,17 @@ def unapply_series(
         by_name = {p.name: p for p in patches}
         expected = state.expected()
         touched = list(dict.fromkeys(i.path for a in removing for i in a.images.files))
-        through = [
+        through = [reason for path in touched if (reason := tree.problem(path))] + [
             reason
-            for path in [*touched, *(d for a in removing for d in a.created_dirs)]
+            for path in (d for a in removing for d in a.created_dirs)
             if (reason := tree.symlink_problem(path))
         ]
         if through:
             raise PatchFormatError(
-                "the tree's paths go through a symlink or a file; nothing was changed",
-                hint="a symlink was planted after apply: remove it and restore the directory",
+                "the tree's paths go through a symlink or a file, or are not regular files; "
+                "nothing was changed",
+                hint="something was planted after apply (a symlink, a FIFO): remove it and "
+                "restore the file or directory",
                 details=through,
             )
         current = {path: tree.read(path) for path in touched}
@@ -514,7 +523,7 @@ def stack_reader(
         if path not in state.backups:
             return tree.read(path)
         recorded = state.backups[path]
-        data = backup_path(tree.root, path).read_bytes() if recorded else None
+        data = tree.read(backup_rel(path)) if recorded else None
         if _sha(data) != recorded:
             raise HashMismatch(
                 f".patchset/base/{path}: pristine copy does not match its recorded hash",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,8 +16,10 @@ from pathlib import Path
 from patchset import __version__, crashpoint, journal
 from patchset.apply import apply_series, recover_tree, stack_reader, unapply_series
 from patchset.errors import LockError, NothingToDo, PatchsetError, TreeStateError
+from patchset.journal import os_error_text
 from patchset.lockfile import (
     BaseReader,
+    Computed,
     compute_lock,
     load_lock,
     lock_differences,
@@ -24,9 +27,10 @@ from patchset.lockfile import (
     series_differences,
     write_lock,
 )
-from patchset.model import TARGETS, Lock, Patch
+from patchset.model import TARGETS, Lock, Patch, TreeState
 from patchset.newtree import created_if_missing
-from patchset.refresh import refresh_patch, write_file_atomic
+from patchset.refresh import refresh_patch
+from patchset.repowrite import recover_repo, repo_lock
 from patchset.series import for_target, load_series
 from patchset.state import read_state
 from patchset.tree import Tree
@@ -135,11 +139,16 @@ def cmd_apply(args: argparse.Namespace, repo: Path) -> int:
 
 
 def cmd_recover(args: argparse.Namespace, repo: Path) -> int:
-    target = _target(args)
-    tree = _existing_tree(_tree(args, repo, target))
-    with tree_lock(tree.root, args.wait):
-        if not recover_tree(tree, _info):
-            raise NothingToDo(f"{tree.root}: no interrupted run to recover")
+    checkout = args.recovered_checkout or recover_repo(repo, _info, args.wait)
+    root = _tree(args, repo, _target(args)).root
+    in_tree = False
+    if root.is_dir():
+        with tree_lock(root, args.wait):
+            in_tree = recover_tree(Tree(root), _info)
+    elif args.tree:
+        _existing_tree(Tree(root))
+    if not (checkout or in_tree):
+        raise NothingToDo(f"{root}: no interrupted run to recover (nor in {repo})")
     return 0
 
 
@@ -156,7 +165,15 @@ def cmd_unapply(args: argparse.Namespace, repo: Path) -> int:
 
 def cmd_verify(args: argparse.Namespace, repo: Path) -> int:
     tree, target = _tree_target(args, repo)
-    state = verify_tree(tree, for_target(load_series(repo), target), load_lock(repo))
+    patches = for_target(load_series(repo), target)
+    state = verify_tree(tree, patches, load_lock(repo))
+    if not state.applied:
+        touched = len({path for p in patches for path in p.paths})
+        _info(
+            f"OK: 0 of {len(patches)} patch(es) applied: {tree.root} is the pinned base "
+            f"({touched} touched file(s) at their preimages); patchset apply patches it"
+        )
+        return 0
     files = len(state.expected())
     _info(f"OK: {len(state.applied)} patch(es), {files} touched file(s) match in {tree.root}")
     return 0
@@ -181,33 +198,31 @@ def cmd_status(args: argparse.Namespace, repo: Path) -> int:
 
 def cmd_refresh(args: argparse.Namespace, repo: Path) -> int:
     target = _target(args, args.patch)
-    series = load_series(repo)
-    patches = for_target(series, target)
-    if args.patch not in {p.name for p in patches}:
-        raise PatchsetError(f"{args.patch}: not in series", hint="name it as series lists it")
-    tree = _existing_tree(_tree(args, repo, target))
-    patch_path = repo / "patches" / args.patch
-    result = refresh_patch(
-        tree,
-        patches,
-        args.patch,
-        write_patch=lambda data: write_file_atomic(patch_path, data),
-        timeout=args.wait,
-    )
+    with repo_lock(repo, args.wait):
+        series = load_series(repo)
+        patches = for_target(series, target)
+        if args.patch not in {p.name for p in patches}:
+            raise PatchsetError(f"{args.patch}: not in series", hint="name it as series lists it")
+        tree = _existing_tree(_tree(args, repo, target))
+
+        def make_lock(new_patch: Patch, state: TreeState) -> Computed:
+            new_series = tuple(new_patch if p.name == new_patch.name else p for p in series)
+            view = {target: stack_reader(tree, state, {}, 0)}
+            bases = _bases(args, repo, new_series, tree_view=view)
+            return compute_lock(new_series, bases, pin_digests(repo))
+
+        result = refresh_patch(
+            tree, patches, args.patch, repo=repo, make_lock=make_lock, timeout=args.wait, log=_info
+        )
+    for warning in result.warnings:
+        _info(f"warning: {warning}")
+    if result.dropped:
+        _info(f"{args.patch}: dropped {', '.join(result.dropped)} (back at their preimages)")
     if not result.changed:
         _info(f"{args.patch}: unchanged")
     else:
         _info(f"Refreshed {args.patch} ({len(result.images.files)} file(s))")
-    state = read_state(tree.root)
-    assert state is not None  # refresh_patch succeeded, so the state exists
-    series = load_series(repo)
-    bases = _bases(
-        args,
-        repo,
-        series,
-        tree_view={target: stack_reader(tree, state, {p.name: p for p in series}, 0)},
-    )
-    _write_lock(repo, series, bases)
+    _info(f"{'Wrote' if result.lock_written else 'Unchanged'} series.lock")
     return 0 if result.changed else 2
 
 
@@ -251,6 +266,8 @@ def _bases(
 
 
 def _write_lock(repo: Path, patches: tuple[Patch, ...], bases: dict[str, BaseReader]) -> Lock:
+    """Compute and write the lock (the caller holds the checkout's lock: the series it read is
+    the one written for)."""
     computed = compute_lock(patches, bases, pin_digests(repo))
     for warning in computed.warnings:
         _info(f"warning: {warning}")
@@ -268,6 +285,7 @@ def cmd_import(args: argparse.Namespace, repo: Path) -> int:
     series = load_series(repo)
     bases = _bases(args, repo, series)
     bases[target] = _dir_reader(base_dir)
+    identity = git_identity(repo)
 
     def base_mode(path: str) -> str | None:
         found = base_dir / path
@@ -281,19 +299,22 @@ def cmd_import(args: argparse.Namespace, repo: Path) -> int:
         target=target,
         bases=bases,
         base_mode=base_mode,
-        identity=git_identity(repo),
+        identity=identity,
         subject=args.subject,
         name=args.name,
+        log=_info,
     )
     _info(f"Imported {name}: patches/{name}, listed in series, series.lock updated")
     return 0
 
 
 def cmd_lock(args: argparse.Namespace, repo: Path) -> int:
-    patches = load_series(repo)
     if not args.check:
-        _write_lock(repo, patches, _bases(args, repo, patches))
+        with repo_lock(repo):
+            patches = load_series(repo)
+            _write_lock(repo, patches, _bases(args, repo, patches))
         return 0
+    patches = load_series(repo)
     lock = load_lock(repo)
     stale = series_differences(lock, patches, pin_digests(repo))
     if not stale:
@@ -470,12 +491,16 @@ def cmd_export(args: argparse.Namespace, repo: Path) -> int:
         signer_identity,
         table,
     )
+    from patchset.rebase import refuse_inside_series
 
-    series = load_series(repo)
-    selected = select(series, args.patches)
     dest = Path(args.to).resolve() if args.to else repo / "dist" / "export"
     signer = signer_identity(repo)
-    exported = export_patches(repo, series, selected, dest, signer=signer)
+    refuse_inside_series(repo, dest, "--to")
+    with repo_lock(repo):  # the series, its patch files and the mboxes made from them agree
+        series = load_series(repo)
+        selected = select(series, args.patches)
+        exported = export_patches(repo, series, selected, dest, signer=signer)
+        patch_bytes = {p.name: (repo / "patches" / p.name).read_bytes() for p in series}
     _info(f"Signed off by {signer} (git config user.name / user.email)")
     failed = False
     for item in exported:
@@ -486,9 +511,7 @@ def cmd_export(args: argparse.Namespace, repo: Path) -> int:
     _info(f"Wrote {len(exported)} mbox(es) and PR bodies to {dest}")
     if not args.check:
         return 1 if failed else 0
-    mboxes = {
-        p.name: mbox_bytes(p, (repo / "patches" / p.name).read_bytes(), signer) for p in series
-    }
+    mboxes = {p.name: mbox_bytes(p, patch_bytes[p.name], signer) for p in series}
     bases = _pristine_bases(args, repo, [p.target for p in selected])
     (repo / "build").mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=repo / "build", prefix="export-check-") as tmp:
@@ -555,17 +578,18 @@ def cmd_rebase(args: argparse.Namespace, repo: Path) -> int:
     from patchset.rebase import report_json, run_rebase
 
     (repo / "build").mkdir(exist_ok=True)
-    report = run_rebase(
-        repo,
-        args.onto,
-        dry_run=args.dry_run,
-        dest=Path(args.to).resolve() if args.to else None,
-        sdist=Path(args.sdist).resolve() if args.sdist else None,
-        wheel=Path(args.wheel).resolve() if args.wheel else None,
-        workdir=repo / "build",
-        keep=args.keep,
-        log=_info,
-    )
+    with repo_lock(repo):  # reads the series while no import/refresh/lock changes it
+        report = run_rebase(
+            repo,
+            args.onto,
+            dry_run=args.dry_run,
+            dest=Path(args.to).resolve() if args.to else None,
+            sdist=Path(args.sdist).resolve() if args.sdist else None,
+            wheel=Path(args.wheel).resolve() if args.wheel else None,
+            workdir=repo / "build",
+            keep=args.keep,
+            log=_info,
+        )
     for line in report.table():
         _info(line)
     summary = ", ".join(f"{n} {s}" for s, n in report.summary().items() if n)
@@ -627,7 +651,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     crashpoint.reset()
     try:
         repo = Path(args.repo).resolve() if args.repo else find_repo(Path.cwd().resolve())
+        args.recovered_checkout = recover_repo(
+            repo, _info, getattr(args, "wait", None) or DEFAULT_TIMEOUT_S
+        )
         return int(args.func(args, repo))
+    except KeyboardInterrupt:
+        # Outside a journal's window (where SIGINT rolls back and says so): nothing half-written
+        # by a journalled command; a download or build keeps only its locked temporary files.
+        print("patchset: error: interrupted by SIGINT (Ctrl-C)", file=sys.stderr)
+        print(
+            "hint: run the command again; patchset status shows a tree, patchset recover "
+            "rolls back a run a kill interrupted",
+            file=sys.stderr,
+        )
+        return 128 + signal.SIGINT
     except NothingToDo as exc:
         print(f"patchset: nothing to do: {exc.message}")
         if exc.hint:
@@ -641,11 +678,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"hint: {exc.hint}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:
-        print(f"patchset: error: {exc}", file=sys.stderr)
-        print(
-            "hint: apply/unapply roll back their writes; patchset status shows the tree",
-            file=sys.stderr,
-        )
+        print(f"patchset: error: {args.command}: {os_error_text(exc)}", file=sys.stderr)
         return 1
 
 

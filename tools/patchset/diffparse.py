@@ -283,13 +283,29 @@ def apply_file(pre: bytes | None, patch: FilePatch) -> bytes | None:
     for hunk in patch.hunks:
         old = hunk.old_lines
         stated = hunk.old_start - 1 if hunk.old_len else hunk.old_start
-        at = _find(lines, old, stated, cursor)
+        where = f"{patch.path}: hunk @@ -{hunk.old_start},{hunk.old_len}"
+        context = any(kind == " " for kind, _ in hunk.lines)
+        anchor = _anchor(hunk, len(lines)) if context else None
+        if anchor is not None:
+            at, side = anchor
+            fits = cursor <= at and at + len(old) <= len(lines)
+            if not (fits and lines[at : at + len(old)] == old):
+                found = _find(lines, old, stated, 0)
+                seen = f"; its lines occur at line {found + 1}" if found is not None else ""
+                raise PatchDoesNotApply(
+                    f"{where} has context on one side only, so it must match at the {side} "
+                    f"(as git apply requires), and does not{seen}"
+                )
+        else:
+            at = _find(lines, old, stated, cursor)
         if at is None:
-            raise PatchDoesNotApply(
-                f"{patch.path}: hunk @@ -{hunk.old_start},{hunk.old_len} does not match "
-                "(exact context, zero fuzz)"
-            )
-        if patch.op == "modify" and not any(kind == " " for kind, _ in hunk.lines):
+            if _find(lines, old, stated, 0) is not None:
+                raise PatchDoesNotApply(
+                    f"{where} matches only before the previous hunk: the hunks are out of "
+                    "order (each must follow the one before it)"
+                )
+            raise PatchDoesNotApply(f"{where} does not match (exact context, zero fuzz)")
+        if patch.op == "modify" and not context:
             if at != 0 and at + len(old) != len(lines):
                 raise PatchDoesNotApply(
                     f"{patch.path}: hunk @@ -{hunk.old_start},{hunk.old_len} has no context "
@@ -305,6 +321,24 @@ def apply_file(pre: bytes | None, patch: FilePatch) -> bytes | None:
             raise PatchDoesNotApply(f"{patch.path}: patch deletes the file but content remains")
         return None
     return post
+
+
+def _anchor(hunk: Hunk, length: int) -> tuple[int, str] | None:
+    """Where git's anchoring rules pin a hunk that has context lines, or None when it may
+    move. As ``git apply`` (apply.c, without --unidiff-zero): a hunk whose old range starts at
+    line 0 or 1 must match at the start of the file; a hunk without trailing context lines
+    must match at its end (both: the whole file)."""
+    kinds = [kind for kind, _ in hunk.lines]
+    trailing = len(kinds) - len("".join(kinds).rstrip(" "))
+    begin = hunk.old_start <= 1
+    end = trailing == 0
+    if begin and end:  # the hunk's old lines must be the whole file
+        return (0 if hunk.old_len == length else -1), "start and the end of the file"
+    if begin:
+        return 0, "start of the file"
+    if end:
+        return length - hunk.old_len, "end of the file"
+    return None
 
 
 def _find(lines: list[bytes], old: list[bytes], stated: int, floor: int) -> int | None:

@@ -24,10 +24,10 @@ from pathlib import Path
 from patchset.diffparse import NULL_BLOB, _side_path, apply_file, parse_diff, path_problem
 from patchset.errors import PatchDoesNotApply, PatchFormatError
 from patchset.hashing import git_blob_id
-from patchset.lockfile import BaseReader, compute_lock, pin_digests, write_lock
+from patchset.lockfile import LOCK_FILE, BaseReader, compute_lock, lock_to_json, pin_digests
 from patchset.model import Patch, PatchHeader
 from patchset.patchfile import _split_trailers, serialise_header
-from patchset.refresh import write_file_atomic
+from patchset.repowrite import commit_repo, repo_lock
 from patchset.series import NAME_RE, crlf_problem, load_series, parse_patch, parse_series
 
 BaseMode = Callable[[str], str | None]
@@ -101,11 +101,43 @@ def _diff_start(text: str) -> int | None:
 
 
 def _strip_signature(diff: str) -> str:
-    """Drop format-patch's ``-- `` signature block (``-- \\n<git version>``) at the end."""
+    """Drop format-patch's ``-- `` signature block (``-- \\n<git version>``) at the end. A
+    ``-- `` line that the last hunk's line counts still claim (a removed ``- `` line) is diff,
+    not a signature."""
     at = diff.rfind("\n-- \n")
-    if at >= 0 and diff[at + 5 :].strip().count("\n") <= 1:
+    if at >= 0 and diff[at + 5 :].strip().count("\n") <= 1 and not _in_hunk(diff, at + 1):
         return diff[: at + 1]
     return diff
+
+
+_HUNK_HEAD = re.compile(r"^@@ -\d+(?:,(?P<old>\d+))? \+\d+(?:,(?P<new>\d+))? @@", re.MULTILINE)
+
+
+def _in_hunk(diff: str, pos: int) -> bool:
+    """Whether the line starting at ``pos`` is still part of the hunk before it (by the hunk
+    header's line counts)."""
+    heads = [m for m in _HUNK_HEAD.finditer(diff, 0, pos)]
+    if not heads:
+        return False
+    head = heads[-1]
+    old = int(head.group("old") or 1)
+    new = int(head.group("new") or 1)
+    at = diff.index("\n", head.end()) + 1
+    while at < pos:
+        end = diff.find("\n", at)
+        kind = diff[at : at + 1]
+        if kind == " ":
+            old, new = old - 1, new - 1
+        elif kind == "-":
+            old -= 1
+        elif kind == "+":
+            new -= 1
+        elif kind != "\\":
+            return False
+        if old <= 0 and new <= 0:
+            return False
+        at = end + 1 if end >= 0 else len(diff)
+    return old > 0
 
 
 def _blocks(diff: str, base_mode: BaseMode) -> tuple[list[str], list[str]]:
@@ -163,8 +195,11 @@ def _plain_blocks(lines: list[str], base_mode: BaseMode) -> tuple[list[str], lis
             problems.append(str(exc))
             at += 2
             continue
-        if old.startswith("a/") and new.startswith("b/"):
-            old, new = old[2:], new[2:]
+        old, new = _strip_prefix(old, new)
+        if _EPOCH.search(lines[at]):  # diff -N: the side that did not exist
+            old = "/dev/null"
+        if _EPOCH.search(lines[at + 1]):
+            new = "/dev/null"
         path = old if new == "/dev/null" else new
         reason = path_problem(path)
         if reason:
@@ -202,6 +237,25 @@ def _plain_blocks(lines: list[str], base_mode: BaseMode) -> tuple[list[str], lis
     if not blocks and not problems:
         problems.append("no file diffs found")
     return blocks, problems
+
+
+_EPOCH = re.compile(r"\t(?:1970-01-01|1969-12-31)[ T]00?:?")
+"""The timestamp ``diff -N`` writes for the absent side of an added or deleted file."""
+
+
+def _strip_prefix(old: str, new: str) -> tuple[str, str]:
+    """Drop the leading directory of both sides (like ``patch -p1``) when they name the same
+    path below it (``a/x b/x``, ``old/x new/x`` of ``diff -ruN old new``); one side
+    ``/dev/null``: drop ``a/``/``b/`` or the directory the other files of the diff share."""
+    if old != "/dev/null" and new != "/dev/null":
+        o, n = old.split("/", 1), new.split("/", 1)
+        if len(o) == 2 and len(n) == 2 and o[1] == n[1] and o[0] != n[0]:
+            return o[1], n[1]
+        return old, new
+    side = new if old == "/dev/null" else old
+    if side.startswith(("a/", "b/")):
+        side = side[2:]
+    return (side, new) if new == "/dev/null" else (old, side)
 
 
 def _with_full_index(block_text: str, pre: bytes | None, post: bytes | None) -> str:
@@ -260,12 +314,33 @@ def import_patch(
     subject: str | None = None,
     name: str | None = None,
     now: str | None = None,
+    log: Callable[[str], None] = lambda _m: None,
 ) -> tuple[str, bytes]:
     """Normalise ``data`` into a series patch of ``target`` and add it (see the module doc).
 
     ``bases`` has a reader per target of the series (the lock is recomputed for all of them).
-    Returns the new entry's name and bytes. Every refusal happens before anything is written.
+    Returns the new entry's name and bytes. Every refusal happens before anything is written;
+    the patch file, ``series`` and ``series.lock`` are written in one journalled commit under
+    the checkout's lock (a second import waits and takes the next number).
     """
+    with repo_lock(repo):
+        return _import_locked(
+            repo, data, target, bases, base_mode, identity, subject, name, now, log
+        )
+
+
+def _import_locked(
+    repo: Path,
+    data: bytes,
+    target: str,
+    bases: dict[str, BaseReader],
+    base_mode: BaseMode,
+    identity: str,
+    subject: str | None,
+    name: str | None,
+    now: str | None,
+    log: Callable[[str], None],
+) -> tuple[str, bytes]:
     base = bases[target]
     incoming = read_incoming(data)
     subject = subject or incoming.subject
@@ -301,9 +376,17 @@ def import_patch(
         try:
             post = apply_file(pre, fp)
         except PatchDoesNotApply as exc:
+            if pre is None and fp.op != "add":
+                hint = (
+                    f"{fp.path} is not a file of the {target} base (nor added by the series): "
+                    "check the diff's paths (import drops one leading directory, like patch "
+                    "-p1, only when both sides share the rest: a/x b/x, old/x new/x)"
+                )
+            else:
+                hint = "make the patch against the tree the series produces (patchset apply)"
             raise PatchDoesNotApply(
                 f"{name} does not apply to the series so far: {exc.message}; nothing was written",
-                hint="make the patch against the tree the series produces (patchset apply)",
+                hint=hint,
             ) from None
         normalised.append(_with_full_index(block, pre, post))
     header = _header(incoming, subject, identity, now)
@@ -313,13 +396,20 @@ def import_patch(
         raise PatchFormatError(f"{name}: refused: {len(problems)} problem(s)", details=problems)
     new_series = (*series, patch)
     computed = compute_lock(new_series, bases, pin_digests(repo))
-    patch_path = repo / "patches" / name
-    patch_path.parent.mkdir(parents=True, exist_ok=True)
-    write_file_atomic(patch_path, patch_data)
+    for warning in computed.warnings:
+        log(f"warning: {warning}")
     series_text = (repo / "series").read_text(encoding="utf-8")
     sep = "" if not series_text or series_text.endswith("\n") else "\n"
-    write_file_atomic(repo / "series", (series_text + sep + name + "\n").encode("utf-8"))
-    write_lock(repo, computed.lock)
+    commit_repo(
+        repo,
+        "import",
+        (name,),
+        {
+            f"patches/{name}": patch_data,
+            "series": (series_text + sep + name + "\n").encode("utf-8"),
+            LOCK_FILE: lock_to_json(computed.lock).encode("utf-8"),
+        },
+    )
     return name, patch_data
 
 

@@ -17,6 +17,7 @@ Every path is re-checked for symlinks in each component before it is written or 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -33,13 +34,15 @@ from patchset.diffparse import path_problem
 from patchset.errors import PatchsetError, TreeStateError
 from patchset.hashing import sha256_bytes
 from patchset.state import STATE_DIR, canonical_json
-from patchset.tree import Tree
+from patchset.tree import Tree, read_regular
 
 JOURNAL_DIR = "journal"
 JOURNAL_FILE = "journal.json"
 SCHEMA_VERSION = 1
 RESERVE_BYTES = 1 << 20
 """Free space kept beyond what the staged files need."""
+RESERVE_INODES = 16
+"""Free inodes kept beyond the files and directories a commit creates."""
 _BLOCK = 4096
 
 
@@ -59,6 +62,31 @@ def free_bytes(path: Path) -> int:
     """Bytes available to this user on the filesystem of ``path``."""
     info = os.statvfs(path)
     return info.f_bavail * info.f_frsize
+
+
+def free_inodes(path: Path) -> int | None:
+    """Inodes (new files) available to this user on the filesystem of ``path``; None when the
+    filesystem does not count them (``f_files`` is 0, e.g. btrfs)."""
+    info = os.statvfs(path)
+    return info.f_favail if info.f_files else None
+
+
+def recover_command(root: Path) -> str:
+    """The command that rolls back an interrupted run in ``root`` (a tree, or the checkout)."""
+    if (root / "series").is_file() and not (root / STATE_DIR / "state.json").exists():
+        return f"patchset -C {root} recover"
+    return f"patchset recover --tree {root}"
+
+
+def os_error_text(exc: OSError) -> str:
+    """``<strerror>: <file>`` for an OSError, with what ENOSPC means (bytes or inodes)."""
+    what = exc.strerror or str(exc)
+    if exc.errno == errno.ENOSPC:
+        what = f"{exc.strerror or 'No space left on device'} (the disk is full or out of inodes)"
+    elif exc.errno in (errno.EPERM, errno.EACCES):
+        what = f"{what} (an immutable file, or one owned by another user?)"
+    where = exc.filename
+    return f"{what}: {where}" if where else what
 
 
 def journal_dir(root: Path) -> Path:
@@ -84,6 +112,10 @@ class Plan:
     dir_modes: dict[str, int] = field(default_factory=dict)
     changes: list[tuple[str, bytes | None, int | None]] = field(default_factory=list)
     make_dirs: list[str] = field(default_factory=list)
+    commit_point: dict[str, str] | None = None
+    """For a commit kept open (``commit(plan, keep=True)``) while a second root is written: the
+    file (absolute ``path``, ``sha256``) whose new bytes mean the whole operation committed,
+    and the second root's journal (``pending``) that must be gone for that to count."""
 
     def put(self, rel: str, data: bytes, mode: int) -> list[str]:
         """Write ``data`` (permission bits ``mode``) to ``rel``; return the directories made."""
@@ -147,11 +179,7 @@ def _check_path(root: Path, rel: str) -> None:
 
 
 def _read(path: Path) -> bytes | None:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read()
-    except FileNotFoundError:
-        return None
+    return read_regular(path)
 
 
 def _sha_of(path: Path) -> str | None:
@@ -189,7 +217,7 @@ def _signals_raise() -> Iterator[None]:
 
 
 @contextmanager
-def _signals_blocked() -> Iterator[None]:
+def signals_blocked() -> Iterator[None]:
     """Hold SIGTERM/SIGHUP/SIGINT back while a rollback runs (they arrive afterwards)."""
     sigs = {signal.SIGTERM, signal.SIGHUP, signal.SIGINT}
     old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
@@ -199,8 +227,12 @@ def _signals_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def commit(plan: Plan) -> int:
-    """Make every change of ``plan`` all or nothing; return the number of paths changed."""
+def commit(plan: Plan, *, keep: bool = False) -> int:
+    """Make every change of ``plan`` all or nothing; return the number of paths changed.
+
+    ``keep`` leaves the journal in place after the changes are made (for an operation that
+    writes a second root next): :func:`finish` drops it once that is done, and a recovery in
+    between rolls it back unless ``plan.commit_point`` was reached."""
     root = plan.root
     for rel, _data, _mode in plan.changes:
         _check_path(root, rel)
@@ -222,6 +254,16 @@ def commit(plan: Plan) -> int:
             f"{(needed + RESERVE_BYTES) >> 10} KiB, {free >> 10} KiB are free; nothing was changed",
             hint="free some space and run the command again",
         )
+    files_needed = 2 * len(changes) + len(plan.make_dirs) + 4 + RESERVE_INODES
+    inodes = free_inodes(root)
+    if inodes is not None and files_needed > inodes:
+        raise TreeStateError(
+            f"not enough free inodes in {root}: the {plan.op} creates up to "
+            f"{files_needed - RESERVE_INODES} files (plus {RESERVE_INODES} kept free), "
+            f"{inodes} inodes are free; nothing was changed",
+            hint="delete some files on that filesystem (df -i shows inodes) and run the "
+            "command again",
+        )
     staging = journal_dir(root)
     entries: list[dict[str, Any]] = []
     with _signals_raise():
@@ -234,7 +276,7 @@ def commit(plan: Plan) -> int:
                 entry: dict[str, Any] = {"path": rel, "before": None, "after": None}
                 if before is not None:
                     crashpoint.reached(f"undo {rel}")
-                    _write_new(staging / f"u{index}", before, 0o600)
+                    _write_new(staging / f"u{index}", before, before_mode or 0o600)
                     entry["before"] = {
                         "sha256": sha256_bytes(before),
                         "mode": _mode_text(before_mode or 0o644),
@@ -261,22 +303,80 @@ def commit(plan: Plan) -> int:
                     for d in remove_dirs
                 ],
             }
+            if plan.commit_point is not None:
+                record["commit_point"] = dict(plan.commit_point)
             crashpoint.reached("journal")
             _write_new(staging / (JOURNAL_FILE + ".tmp"), canonical_json(record).encode(), 0o600)
             os.replace(staging / (JOURNAL_FILE + ".tmp"), staging / JOURNAL_FILE)
             _fsync_dir(staging)
             _execute(root, record)
-        except BaseException:
-            with _signals_blocked():
-                roll_back(root)
+        except BaseException as exc:
+            _roll_back_after(root, plan, exc)
             raise
+        if keep:
+            return len(changes)
         try:
             crashpoint.reached("drop journal")
             _drop(root)
         except Interrupted:  # every change is made: finish the clean-up, the run succeeded
-            with _signals_blocked():
+            with signals_blocked():
                 _drop(root)
+        except OSError as exc:
+            if os.path.lexists(staging / JOURNAL_FILE):  # undecided: make it "before", say so
+                _roll_back_after(root, plan, exc)
+                raise
+            # journal.json is gone: the run is complete; the staging left is discarded by the
+            # next run (staging without journal.json never counts as a change)
     return len(changes)
+
+
+def _roll_back_after(root: Path, plan: Plan, exc: BaseException) -> None:
+    """Roll back after ``exc`` stopped a commit; raise what the user must know: an OSError
+    becomes a message naming the failed write and the (verified) rollback, and a failed
+    rollback says the tree is half-written and names the command that finishes it."""
+    what = f"{plan.op} of {', '.join(plan.patches) or 'no patch'}"
+    try:
+        with signals_blocked():
+            roll_back(root)
+    except (PatchsetError, OSError) as failed:
+        reason = failed.message if isinstance(failed, PatchsetError) else os_error_text(failed)
+        cause = os_error_text(exc) if isinstance(exc, OSError) else str(exc) or type(exc).__name__
+        raise TreeStateError(
+            f"{root}: the {what} failed ({cause}) and rolling it back failed too ({reason}); "
+            "the journal is kept",
+            hint=f"fix that, then {recover_command(root)}  (rolls back to before that run, "
+            "verified)",
+            details=getattr(failed, "details", []),
+        ) from exc
+    if isinstance(exc, OSError):
+        raise TreeStateError(
+            f"{root}: the {what} failed: {os_error_text(exc)}; every write was rolled back "
+            "(verified by hash)",
+            hint="fix the cause and run the command again",
+        ) from exc
+
+
+def finish(root: Path) -> None:
+    """Drop a journal :func:`commit` kept (``keep=True``): the operation is complete. A failure
+    to delete it is not an error: its commit point is reached, so the next command drops it."""
+    with signals_blocked():
+        try:
+            crashpoint.reached("drop journal")
+            _drop(root)
+        except OSError:
+            pass
+
+
+def committed(record: dict[str, Any]) -> bool:
+    """Whether a kept journal's operation reached its commit point (then it rolls forward)."""
+    point = record.get("commit_point")
+    if not isinstance(point, dict):
+        return False
+    try:
+        done = _sha_of(Path(point["path"])) == point["sha256"]
+    except (PatchsetError, OSError, KeyError, TypeError):
+        return False
+    return done and not os.path.lexists(Path(point["pending"]))
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -349,7 +449,7 @@ def refuse_pending(root: Path) -> None:
     head, lines = describe(root)
     raise TreeStateError(
         f"{root}: {head}",
-        hint=f"patchset recover --tree {root}  (rolls it back to before that run, verified)",
+        hint=f"{recover_command(root)}  (rolls it back to before that run, verified)",
         details=lines,
     )
 
@@ -384,6 +484,9 @@ def _load(root: Path) -> dict[str, Any] | None:
             hint="the tree cannot be recovered automatically; restore it from its base",
         ) from exc
     return record
+
+
+load = _load
 
 
 def _valid_rel(rel: object) -> None:
@@ -432,6 +535,10 @@ def roll_back(root: Path) -> int:
             crashpoint.reached("discard staging")
             shutil.rmtree(staging)
         remove_empty_state_dir(root)
+        return 0
+    if committed(record):  # the second root is written too: the operation finished
+        crashpoint.reached("drop journal")
+        _drop(root)
         return 0
     problems = []
     plan = []
@@ -483,8 +590,10 @@ def roll_back(root: Path) -> int:
             crashpoint.reached(f"undo restore {rel}")
             os.replace(staging / f"u{index}", root / rel)
             moved += 1
-        if before is not None:
-            os.chmod(root / rel, int(before["mode"], 8))
+        if before is not None and os.path.lexists(root / rel):
+            want = int(before["mode"], 8)
+            if stat.S_IMODE(os.lstat(root / rel).st_mode) != want:  # never touch an unmoved file
+                os.chmod(root / rel, want)
     for directory in reversed(record["make_dirs"]):
         if os.path.isdir(root / directory) and not os.path.islink(root / directory):
             try:
@@ -501,7 +610,7 @@ def roll_back(root: Path) -> int:
         raise TreeStateError(
             f"{root}: rollback left {len(wrong)} path(s) off their before hash",
             details=wrong,
-            hint=f"run patchset recover --tree {root} again",
+            hint=f"run {recover_command(root)} again",
         )
     crashpoint.reached("drop journal")
     _drop(root)

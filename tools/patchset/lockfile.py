@@ -54,17 +54,26 @@ def shape_problems(patches: tuple[Patch, ...]) -> list[str]:
     becomes a directory, or the reverse): refused, like git refuses them without a rename."""
     out = []
     for target in dict.fromkeys(p.target for p in patches):
-        paths = {path: p.name for p in patches if p.target == target for path in p.paths}
-        for path, name in sorted(paths.items()):
+        paths: dict[str, list[str]] = {}
+        for p in patches:
+            if p.target == target:
+                for path in p.paths:
+                    paths.setdefault(path, []).append(p.name)
+        for path, names in sorted(paths.items()):
             parts = path.split("/")
             for depth in range(1, len(parts)):
                 parent = "/".join(parts[:depth])
                 if parent in paths:
                     out.append(
                         f"{parent} is a file and a directory in the series "
-                        f"({paths[parent]} touches {parent}, {name} touches {path})"
+                        f"({_who(paths[parent])} {parent}, {_who(names)} {path})"
                     )
     return out
+
+
+def _who(names: list[str]) -> str:
+    """``a touches`` / ``a, b touch``: every patch touching a path, in series order."""
+    return f"{', '.join(names)} {'touches' if len(names) == 1 else 'touch'}"
 
 
 def compute_lock(
@@ -159,10 +168,11 @@ def lock_from_json(text: str, where: str = LOCK_FILE) -> Lock:
 
 def load_lock(repo: Path) -> Lock:
     path = repo / LOCK_FILE
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise LockError(f"no {LOCK_FILE} in {repo}", hint="run patchset lock") from None
+    from patchset.tree import read_regular
+
+    data = read_regular(path)  # never a symlink's target or a FIFO
+    if data is None:
+        raise LockError(f"no {LOCK_FILE} in {repo}", hint="run patchset lock")
     from patchset.series import decode_utf8
 
     text = decode_utf8(data, LOCK_FILE, LockError, "run patchset lock")
@@ -175,9 +185,10 @@ def write_lock(repo: Path, lock: Lock) -> bool:
     text = lock_to_json(lock)
     if path.is_file() and path.read_bytes() == text.encode("utf-8"):
         return False
-    tmp = path.with_name(LOCK_FILE + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    from patchset.repowrite import commit_repo, repo_lock
+
+    with repo_lock(repo):
+        commit_repo(repo, "lock", (), {LOCK_FILE: text.encode("utf-8")})
     return True
 
 

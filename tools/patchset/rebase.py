@@ -102,28 +102,37 @@ def fetch_release(
 ) -> tuple[Path, str]:
     """Download (or copy from ``source``) the release file of ``pin`` into ``cache`` and pin it.
 
-    The first time, the file's sha256 is written to ``<file>.sha256``; every later use re-hashes
-    the file against it (a mismatching file is deleted). Returns (path, sha256).
+    An sdist is checked before it is cached (:func:`check_sdist`: one top folder, the pin's,
+    and a PKG-INFO naming the pin's version). The cache entry records what it was checked
+    against (``<file>.check.json``: sha256, version, top folder; a wheel: sha256 only) and
+    every later use re-hashes the file and re-checks an entry checked against anything else
+    (a mismatching file is deleted). ``source`` is always the file used: a cached entry made
+    from another file is replaced, never silently preferred. Returns (path, sha256).
     """
     cache.mkdir(parents=True, exist_ok=True)
     target = cache / pin.filename
-    stamp = cache / f"{pin.filename}.sha256"
-    if target.is_file() and stamp.is_file():
-        recorded = stamp.read_text().strip()
+    stamp = cache / f"{pin.filename}.check.json"
+    legacy = cache / f"{pin.filename}.sha256"
+    wanted = _checked_against(pin)
+    if source is None and target.is_file() and stamp.is_file():
+        recorded = _read_stamp(stamp)
         actual = sha256_file(target)
-        if actual != recorded:
+        if recorded.get("sha256") != actual:
             target.unlink()
             stamp.unlink()
             raise HashMismatch(
-                f"{target}: sha256 {actual} is not the {recorded} pinned when it was fetched; "
-                "deleted it",
+                f"{target}: sha256 {actual} is not the {recorded.get('sha256')} pinned when it "
+                "was fetched; deleted it",
                 hint="run the rebase again to fetch it afresh",
             )
-        return target, actual
+        if {k: v for k, v in recorded.items() if k != "sha256"} == wanted:
+            return target, actual
     with tempfile.TemporaryDirectory(dir=cache, prefix=".fetch-") as tmp:
         staged = Path(tmp) / pin.filename
         if source is not None:
             shutil.copyfile(source, staged)
+        elif target.is_file():  # cached but checked against something else: check it now
+            shutil.copyfile(target, staged)
         else:
             log(f"Downloading {pin.requirement} ({pin.kind}) with pip")
             pip(
@@ -136,10 +145,70 @@ def fetch_release(
                 f"{pin.requirement}: pip did not produce {pin.filename}",
                 details=[f"pip produced: {', '.join(produced) or 'nothing'}"],
             )
+        if pin.kind == "sdist":
+            check_sdist(staged, wanted["top_dir"], wanted["version"], source or staged)
         digest = sha256_file(staged)
+        stamp.unlink(missing_ok=True)  # no entry claims a check while the file changes
         os.replace(staged, target)
-    stamp.write_text(digest + "\n")
+    legacy.unlink(missing_ok=True)
+    _write_stamp(stamp, {"sha256": digest, **wanted})
     return target, digest
+
+
+def _checked_against(pin: Pin) -> dict[str, str]:
+    if pin.kind != "sdist":
+        return {}
+    top = pin.top_dir or pin.filename.removesuffix(".tar.gz").removesuffix(".zip")
+    return {"version": pinned_version(pin), "top_dir": top}
+
+
+def _read_stamp(stamp: Path) -> dict[str, str]:
+    try:
+        data = json.loads(stamp.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _write_stamp(stamp: Path, data: dict[str, str]) -> None:
+    tmp = stamp.with_name(stamp.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, stamp)
+
+
+def check_sdist(archive: Path, top_dir: str, version: str, shown: Path | None = None) -> None:
+    """Refuse an sdist that is not ``version``: every member must be under the one top folder
+    ``top_dir``, whose ``PKG-INFO`` must say ``Version: <version>``."""
+    import tarfile
+
+    name = shown or archive
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            members = tar.getmembers()
+            tops = sorted({m.name.split("/", 1)[0] for m in members})
+            if tops != [top_dir]:
+                raise PinError(
+                    f"{name}: its top folder is {', '.join(tops) or 'missing'}, the "
+                    f"{version} sdist's is {top_dir}: not the release asked for",
+                    hint=f"pass the sdist of {version} (--sdist), or let pip fetch it",
+                )
+            info = next((m for m in members if m.name == f"{top_dir}/PKG-INFO"), None)
+            handle = tar.extractfile(info) if info is not None and info.isfile() else None
+            text = handle.read().decode("utf-8", "replace") if handle else ""
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise PinError(f"{name}: not a readable sdist archive ({exc})") from None
+    found = re.search(r"^Version:[ \t]*(\S+)[ \t]*$", text, re.MULTILINE)
+    if found is None:
+        raise PinError(
+            f"{name}: no {top_dir}/PKG-INFO with a Version: line; cannot tell its version",
+            hint=f"pass the sdist of {version} as published (it has PKG-INFO)",
+        )
+    if found.group(1) != version:
+        raise PinError(
+            f"{name}: PKG-INFO says version {found.group(1)}, not the {version} asked for "
+            f"(its top folder {top_dir} was renamed?)",
+            hint=f"pass the sdist of {version} (--sdist), or let pip fetch it",
+        )
 
 
 # -- the replay --------------------------------------------------------------------------------
@@ -485,6 +554,33 @@ def write_rebased(
     return entries
 
 
+def refuse_inside_series(root: Path, dest: Path, option: str) -> None:
+    """Refuse an output directory inside the checkout's ``patches/`` (every file there must be
+    a listed patch: anything else makes every command refuse the series)."""
+    patches = (root / "patches").resolve()
+    where = dest.resolve()
+    if where == patches or patches in where.parents:
+        raise PatchsetError(
+            f"{option} {dest} is inside {patches}: files there that are not listed patches make "
+            "every command refuse the series; nothing was written",
+            hint=f"choose a directory outside patches/ with {option} (e.g. under build/ or dist/)",
+        )
+
+
+def _write_staged(dest: Path, write: Callable[[Path], None]) -> None:
+    """Write a new directory all or nothing: into a hidden sibling, renamed to ``dest`` last
+    (a kill or a full disk leaves no ``dest``; the sibling is deleted on failure)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.partial-"))
+    try:
+        staged.rmdir()  # write_rebased makes it (it refuses an existing directory)
+        write(staged)
+        os.rename(staged, dest)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+
+
 def run_rebase(
     root: Path,
     onto: str,
@@ -520,6 +616,8 @@ def run_rebase(
     data = {p.name: (root / "patches" / p.name).read_bytes() for p in series}
     if not dry_run and dest is None:
         dest = root / "build" / f"rebase-{target}-{version}"
+    if dest is not None:
+        refuse_inside_series(root, dest, "--to")
     if dest is not None and dest.exists():
         raise PatchsetError(
             f"refusing to write the rebased series into existing {dest}",
@@ -551,7 +649,13 @@ def run_rebase(
         )
         if not dry_run:
             assert dest is not None
-            _write_output(root, dest, report, series, data, pins, new_tree, wheel, pip, log)
+            _write_staged(
+                dest,
+                lambda staged: _write_output(
+                    root, staged, report, series, data, pins, new_tree, wheel, pip, log
+                ),
+            )
+            log(f"Wrote the rebased series to {dest}")
     finally:
         if keep:
             log(f"Kept the scratch repository: git -C {tmp / 'repo'} log --oneline --all")
@@ -621,4 +725,3 @@ def _write_output(
         for t in dict.fromkeys(p.target for p in rebased)
     }
     write_lock(dest, compute_lock(rebased, bases, pin_digests(dest)).lock)
-    log(f"Wrote the rebased series to {dest}")

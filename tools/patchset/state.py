@@ -115,16 +115,21 @@ def read_state(root: Path) -> TreeState | None:
             f"{state_dir(root)} is a symlink; refusing to use it",
             hint="the state must be a real directory of the tree",
         )
+    from patchset.tree import read_regular
+
     path = state_dir(root) / STATE_FILE
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    data = read_regular(path)
+    if data is None:
         if state_dir(root).exists() and _holds_files(state_dir(root)):
             raise TreeStateError(
                 f"{state_dir(root)} exists without {STATE_FILE}",
                 hint="an interrupted run? restore the tree from its base",
-            ) from None
+            )
         return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TreeStateError(f"{path}: malformed state (not UTF-8: {exc.reason})") from None
     return state_from_json(text, path)
 
 

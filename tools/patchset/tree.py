@@ -6,11 +6,70 @@ present in the tree is refused before anything is read. Writes go through ``jour
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
 
 from patchset.errors import TreeStateError
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFLNK: "a symlink",
+}
+
+
+def kind_of(mode: int) -> str:
+    """``a FIFO``, ``a directory``, ... for a non-regular ``st_mode``."""
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def read_regular(path: Path) -> bytes | None:
+    """The bytes of the regular file ``path``, or None when it does not exist.
+
+    Never follows a symlink in the last component and never opens anything but a regular
+    file: a FIFO, device or socket is refused before it is opened (``lstat``), and the open
+    itself is non-blocking with ``O_NOFOLLOW`` and re-checked with ``fstat`` (a file swapped
+    for a FIFO in between is refused too, never waited on). Raises TreeStateError."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        raise TreeStateError(f"{path}: a parent of this path is a file in the tree") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise TreeStateError(
+            f"{path}: is {kind_of(info.st_mode)}, not a regular file; refusing to read it",
+            hint="the series only reads and writes regular files: remove it or restore the file",
+        )
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise TreeStateError(f"{path}: became a symlink; refusing to read it") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise TreeStateError(
+                f"{path}: is {kind_of(info.st_mode)}, not a regular file; refusing to read it"
+            )
+        os.set_blocking(fd, True)
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 class Tree:
@@ -40,21 +99,31 @@ class Tree:
                 return f"path {rel!r} needs directory {where!r}, which is a file in the tree"
         return None
 
-    def read(self, rel: str) -> bytes | None:
-        """The bytes of ``rel``, or None when it does not exist."""
+    def problem(self, rel: str) -> str | None:
+        """:meth:`symlink_problem`, or why ``rel`` is not a regular file (a FIFO, a device, a
+        directory), or None."""
+        reason = self.symlink_problem(rel)
+        if reason:
+            return reason
         try:
-            with open(self.path(rel), "rb") as fh:
-                return fh.read()
+            info = os.lstat(self.path(rel))
         except FileNotFoundError:
             return None
-        except NotADirectoryError:
+        if not stat.S_ISREG(info.st_mode):
+            return f"path {rel!r} is {kind_of(info.st_mode)} in the tree, not a regular file"
+        return None
+
+    def read(self, rel: str) -> bytes | None:
+        """The bytes of ``rel``, or None when it does not exist. A path through a symlink (any
+        component) or one that is not a regular file is refused (TreeStateError), never read
+        through or opened."""
+        reason = self.symlink_problem(rel)
+        if reason:
             raise TreeStateError(
-                f"{self.path(rel)}: a parent of this path is a file in the tree"
-            ) from None
-        except IsADirectoryError:
-            raise TreeStateError(
-                f"{self.path(rel)}: is a directory, the series wants a file"
-            ) from None
+                f"{self.root}: {reason}; refusing to read through it",
+                hint="a patch may only read and write real files of the tree",
+            )
+        return read_regular(self.path(rel))
 
     def mode(self, rel: str) -> int | None:
         """The permission bits of ``rel``, or None when it does not exist."""

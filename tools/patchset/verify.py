@@ -37,7 +37,7 @@ def find_drift(tree: Tree, state: TreeState) -> list[Drift]:
     """Every touched file of the applied stack that differs from its expected postimage."""
     drift = []
     for path, (expected, owner) in sorted(state.expected().items()):
-        through = tree.symlink_problem(path)
+        through = tree.problem(path)
         if through:
             drift.append(Drift(path, expected, through, owner))
             continue
@@ -69,10 +69,7 @@ def verify_tree(tree: Tree, patches: tuple[Patch, ...], lock: Lock) -> TreeState
     refuse_pending(tree.root)
     state = trusted_state(tree.root, {p for patch in patches for p in patch.paths})
     if state is None:
-        raise TreeStateError(
-            f"{tree.root}: no patch is applied (no .patchset/state.json)",
-            hint=f"patchset apply --tree {tree.root}",
-        )
+        return _verify_pristine(tree, patches, lock)
     problems = [d.describe() for d in find_drift(tree, state)]
     problems += lock_disagreements(state, patches, lock)
     pinned = lock.pins.get(f"{state.target}.sdist")
@@ -87,6 +84,43 @@ def verify_tree(tree: Tree, patches: tuple[Patch, ...], lock: Lock) -> TreeState
             details=problems,
         )
     return state
+
+
+def _verify_pristine(tree: Tree, patches: tuple[Patch, ...], lock: Lock) -> TreeState:
+    """A tree no patch was applied to verifies when every file the series touches holds the
+    lock's preimage of the first patch touching it (the pinned base): the empty stack is what
+    the series makes with nothing applied. Returns an empty state; DriftError otherwise."""
+    target = patches[0].target if patches else "vllm"
+    firsts: dict[str, tuple[str | None, str]] = {}
+    for patch in patches:
+        entry = lock.entry(patch.name)
+        if entry is None:
+            raise TreeStateError(
+                f"series.lock has no entry for {patch.name}", hint="run patchset lock"
+            )
+        for image in entry.files:
+            firsts.setdefault(image.path, (image.pre, patch.name))
+    problems = []
+    for path, (pre, name) in sorted(firsts.items()):
+        reason = tree.problem(path)
+        if reason:
+            problems.append(f"{reason} (preimage of {name})")
+            continue
+        data = tree.read(path)
+        found = None if data is None else sha256_bytes(data)
+        if found != pre:
+            problems.append(
+                f"{path}: expected {pre or 'absent'}, found {found or 'absent'} "
+                f"(preimage of {name}; no patch is applied)"
+            )
+    if problems:
+        raise DriftError(
+            f"{tree.root}: no patch is applied and {len(problems)} touched file(s) are not the "
+            "pinned base's",
+            hint="start from a fresh tree of the pinned release, then patchset apply",
+            details=problems,
+        )
+    return TreeState(target, None, None)
 
 
 def tree_status(tree: Tree, patches: tuple[Patch, ...]) -> list[tuple[str, PatchStatus]]:

@@ -614,12 +614,12 @@ def wheel_from_series(
     path.
     """
     from .apply import apply_series
-    from .errors import NothingToDo, TreeStateError
+    from .errors import NothingToDo, PatchsetError, TreeStateError
     from .fetch import cache_dir, fetch_pin, pristine_tree, unpack_sdist
     from .lockfile import load_lock
     from .newtree import created_if_missing
     from .pins import load_pins
-    from .receipt import make_receipt, write_receipt
+    from .receipt import make_receipt, read_receipt, write_receipt
     from .series import for_target, load_series
     from .tree import Tree
     from .treelock import DEFAULT_TIMEOUT_S, tree_lock
@@ -686,7 +686,17 @@ def wheel_from_series(
         series_digest=series_digest(patches),
     )
     receipt_path = out_dir / RECEIPTS[target]
-    write_receipt(receipt, receipt_path)
+    try:
+        kept = read_receipt(receipt_path)["wheel"]["filename"] if receipt_path.is_file() else None
+    except (PatchsetError, OSError, ValueError, KeyError, TypeError):
+        kept = None
+    try:
+        write_receipt(receipt, receipt_path)
+    except BaseException:
+        # the old receipt stays: remove the new wheel it does not name, so they still agree
+        if built.path.name != kept:
+            built.path.unlink(missing_ok=True)
+        raise
     dist = built.path.name.split("-", 1)[0]
     for stale in sorted(out_dir.glob(f"{dist}-*+*{LABEL}.*.whl")):
         if stale != built.path:
