@@ -95,7 +95,7 @@ def lazy_imports() -> dict[str, object]:
     }
 
 
-def _vllm_config(n: int, interleave: int, route: str = "ckv"):
+def _vllm_config(n: int, interleave: int, route: str = "packed_ckv"):
     return SimpleNamespace(
         parallel_config=SimpleNamespace(
             dcp_prefill_route=route,

@@ -1,18 +1,29 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Proofs for vllm/0001: ``index_topk_pattern`` resolved from GLM-MoE-DSA ``indexer_types``.
+"""Proofs for vllm/0001: which DSA layers share the top-k (``compute_skip_topk_layers``).
 
-Loads the shipped helper ``vllm/transformers_utils/dsa_index_pattern.py`` (standard library
-only) from the patched tree.
+vLLM 0.34 decides the layers in ``compute_skip_topk_layers`` of
+``vllm/model_executor/models/utils.py``, which 0001 extends (IndexCache request over
+``indexer_types``, validation). That module imports much of vLLM, so this proof executes
+only the two functions of the patched tree's file, ``_index_cache_skip_topk_layers`` and
+``compute_skip_topk_layers``, taken from its syntax tree with nothing but the builtins in
+scope: they need nothing else, and the code under test is the shipped text of the file.
+(The loaders' filter of indexer weights is inline in the model files; the tree's
+``tests/models/deepseek_v32/test_shared_indexer_weights.py`` covers it.)
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
+from types import SimpleNamespace
+
 import pytest
-from conftest import load_leaf
+from conftest import patched_tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-LEAF = "vllm/transformers_utils/dsa_index_pattern.py"
+SOURCE = "vllm/model_executor/models/utils.py"
+FUNCTIONS = ("_index_cache_skip_topk_layers", "compute_skip_topk_layers")
 TO_TYPE = {"F": "full", "S": "shared"}
 
 # Valid layouts start with a full layer (a shared layer reuses a preceding full one).
@@ -22,56 +33,75 @@ pattern_chars = st.sampled_from(list("FSfsXT0 \n")) | st.characters()
 
 
 @pytest.fixture(scope="module")
-def leaf():
-    return load_leaf(LEAF)
+def skip_topk_layers():
+    """``compute_skip_topk_layers`` executed from the patched tree's source text."""
+    path = patched_tree() / SOURCE
+    if not path.is_file():
+        pytest.fail(f"{path} not found: run `make apply` (or set DCP_VLLM_TREE) first")
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = [
+        node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in FUNCTIONS
+    ]
+    if sorted(node.name for node in found) != sorted(FUNCTIONS):
+        pytest.fail(f"{path} does not define {FUNCTIONS}: is 0001 applied?")
+    namespace: dict = {"__builtins__": builtins}
+    exec(compile(ast.Module(body=found, type_ignores=[]), str(path), "exec"), namespace)
+    return namespace["compute_skip_topk_layers"]
+
+
+def _config(n: int, **fields) -> SimpleNamespace:
+    return SimpleNamespace(num_hidden_layers=n, index_topk=2048, **fields)
+
+
+def _shared(pattern: str) -> set[int]:
+    return {i for i, c in enumerate(pattern) if c == "S"}
 
 
 @given(layout=layouts)
-def test_checkpoint_layout_round_trips(leaf, layout: str) -> None:
-    """For any valid layout, the pattern derived from its indexer_types maps back to the
-    same list, and without an IndexCache request it is the resolved pattern."""
-    indexer_types = [TO_TYPE[c] for c in layout]
+def test_checkpoint_layout_without_a_request(skip_topk_layers, layout: str) -> None:
+    """Without an IndexCache request (no pattern, index_topk_freq unset, null or 1) the shared
+    layers are exactly the 'shared' entries of indexer_types."""
+    types = [TO_TYPE[c] for c in layout]
     n = len(layout)
-    pattern = leaf.pattern_from_indexer_types(indexer_types, n)
-    assert [TO_TYPE[c] for c in pattern] == indexer_types
-    assert leaf.resolve_index_topk_pattern(n, indexer_types=indexer_types) == pattern
-    assert (
-        leaf.resolve_index_topk_pattern(n, indexer_types=indexer_types, index_topk_freq=1)
-        == pattern
-    )
+    for extra in ({}, {"index_topk_freq": None}, {"index_topk_freq": 1}):
+        config = _config(n, indexer_types=types, **extra)
+        assert skip_topk_layers(config) == _shared(layout)
 
 
-@given(pattern=st.text(pattern_chars, max_size=40), n=st.integers(0, 40))
-def test_validation_accepts_exactly_valid_patterns(leaf, pattern: str, n: int) -> None:
-    """validate_index_topk_pattern accepts a string iff it has n characters, all F or S, the
-    first one F; every rejection names the expected length and the valid characters."""
-    valid = len(pattern) == n and set(pattern) <= {"F", "S"} and pattern[:1] in ("", "F")
+@given(pattern=st.text(pattern_chars, max_size=40), n=st.integers(1, 40))
+def test_pattern_is_accepted_exactly_when_valid(skip_topk_layers, pattern: str, n: int) -> None:
+    """Without indexer_types an index_topk_pattern is accepted iff it has n characters, all F
+    or S, the first one F; then its S layers share. Every rejection names the expected
+    length and the valid characters."""
+    valid = len(pattern) == n and set(pattern) <= {"F", "S"} and pattern[0] == "F"
     try:
-        leaf.validate_index_topk_pattern(pattern, n)
-        accepted = True
+        got = skip_topk_layers(_config(n, index_topk_pattern=pattern))
     except ValueError as e:
-        accepted = False
-        assert f"expected a string of {n} characters from ['F', 'S']" in str(e)
-    assert accepted == valid
+        assert not valid
+        assert f"must be a string of {n} characters" in str(e)
+        assert "['F', 'S']" in str(e)
+        return
+    assert valid
+    assert got == _shared(pattern)
 
 
 @given(layout=layouts, data=st.data())
-def test_request_is_accepted_iff_it_shares_at_least_the_checkpoint(leaf, layout, data) -> None:
-    """An IndexCache pattern is accepted iff every layer it makes full is full in the
-    checkpoint, and then it is the resolved pattern; otherwise the error names the first
-    layer that has no indexer weights."""
+def test_request_is_accepted_iff_it_shares_at_least_the_checkpoint(
+    skip_topk_layers, layout: str, data
+) -> None:
+    """With indexer_types, an IndexCache pattern is accepted iff every layer it makes full is
+    full in the checkpoint, and then its S layers share; otherwise the error lists exactly
+    the layers that have no indexer weights."""
     n = len(layout)
-    indexer_types = [TO_TYPE[c] for c in layout]
     request = "F" + data.draw(st.text(st.sampled_from("FS"), min_size=n - 1, max_size=n - 1))
-    bad = [i for i in range(n) if request[i] == "F" and layout[i] == "S"]
-    if not bad:
-        got = leaf.resolve_index_topk_pattern(
-            n, indexer_types=indexer_types, index_topk_pattern=request
-        )
-        assert got == request
+    config = _config(n, indexer_types=[TO_TYPE[c] for c in layout], index_topk_pattern=request)
+    unbacked = [i for i in range(n) if request[i] == "F" and layout[i] == "S"]
+    if not unbacked:
+        assert skip_topk_layers(config) == _shared(request)
         return
-    with pytest.raises(ValueError, match=f"makes layer {bad[0]} a full indexer layer"):
-        leaf.resolve_index_topk_pattern(n, indexer_types=indexer_types, index_topk_pattern=request)
+    with pytest.raises(ValueError) as excinfo:
+        skip_topk_layers(config)
+    assert f"top-k on layers {unbacked}, which indexer_types marks 'shared'" in str(excinfo.value)
 
 
 @pytest.fixture(scope="module")
@@ -80,66 +110,51 @@ def glm_moe_dsa_config():
 
 
 @settings(deadline=None)
-@given(n=st.integers(0, 100), freq=st.integers(1, 12), offset=st.integers(1, 8))
-def test_freq_schedule_matches_transformers_glm_moe_dsa_config(
-    leaf, glm_moe_dsa_config, n, freq, offset
+@given(n=st.integers(1, 100), freq=st.integers(2, 12), offset=st.integers(0, 8))
+def test_freq_request_matches_transformers_glm_moe_dsa_config(
+    skip_topk_layers, glm_moe_dsa_config, n: int, freq: int, offset: int
 ) -> None:
-    """The pattern of the index_topk_freq schedule equals the indexer_types that
-    transformers' GlmMoeDsaConfig derives from the same freq/offset (an independent
-    implementation of the attention layers' rule)."""
-    cfg = glm_moe_dsa_config(
+    """An index_topk_freq > 1 request shares the layers that transformers' GlmMoeDsaConfig
+    (an independent implementation of the schedule) marks 'shared', with or without an
+    all-full indexer_types; an offset that would share layer 0 (offset 0) is refused."""
+    reference = glm_moe_dsa_config(
         num_hidden_layers=n, index_topk_freq=freq, index_skip_topk_offset=offset
-    )
-    pattern = leaf.pattern_from_topk_freq(n, freq, offset)
-    assert [TO_TYPE[c] for c in pattern] == cfg.indexer_types
-    resolved = leaf.resolve_index_topk_pattern(
-        n,
-        indexer_types=cfg.indexer_types,
-        index_topk_freq=freq,
-        index_skip_topk_offset=offset,
-    )
-    assert resolved == pattern
+    ).indexer_types
+    for extra in ({}, {"indexer_types": ["full"] * n}):
+        config = _config(n, index_topk_freq=freq, index_skip_topk_offset=offset, **extra)
+        if offset == 0:
+            assert reference[0] == "shared"
+            with pytest.raises(ValueError, match="index_skip_topk_offset must be a positive"):
+                skip_topk_layers(config)
+            continue
+        expected = {i for i, t in enumerate(reference) if t == "shared"}
+        assert skip_topk_layers(config) == expected
 
 
 @given(indexer_types=st.lists(st.text(max_size=8), min_size=1, max_size=20))
-def test_unknown_indexer_types_are_rejected(leaf, indexer_types: list[str]) -> None:
+def test_unknown_indexer_types_are_rejected(skip_topk_layers, indexer_types: list[str]) -> None:
     """An indexer_types list is accepted iff every entry is "full" or "shared"."""
     valid = all(t in ("full", "shared") for t in indexer_types)
+    config = _config(len(indexer_types), indexer_types=indexer_types)
     try:
-        leaf.pattern_from_indexer_types(indexer_types, len(indexer_types))
-        accepted = True
+        skip_topk_layers(config)
     except ValueError as e:
-        accepted = False
-        assert "valid values are ['full', 'shared']" in str(e)
-    assert accepted == valid
+        assert not valid
+        assert "only supports 'full' and 'shared'" in str(e)
+        return
+    assert valid
 
 
-@given(layout=layouts)
-def test_loader_drops_exactly_the_unbuilt_indexers(leaf, layout: str) -> None:
-    """With indexer parameters only on F layers, a checkpoint weight is dropped iff it is
-    an indexer weight of an S layer; every other weight is kept."""
-    params = []
-    for i, c in enumerate(layout):
-        params.append(f"model.layers.{i}.self_attn.kv_b_proj.weight")
-        if c == "F":
-            params += [
-                f"model.layers.{i}.self_attn.indexer.wq_b.weight",
-                f"model.layers.{i}.self_attn.indexer.wk_weights_proj.weight",
-            ]
-    owners = leaf.indexer_owner_prefixes(params)
-    for i, c in enumerate(layout):
-        for tail in ("indexer.wk.weight", "indexer.wk.weight_scale_inv", "indexer.k_norm.bias"):
-            name = f"model.layers.{i}.self_attn.{tail}"
-            assert leaf.is_unbuilt_indexer_weight(name, owners) == (c == "S")
-        assert not leaf.is_unbuilt_indexer_weight(
-            f"model.layers.{i}.self_attn.q_a_proj.weight", owners
-        )
-
-
-def test_glm52_pattern_counts(leaf) -> None:
-    """The GLM-5.2 layout FFFSSS + (FSSS) x 18 resolves to a 78-layer pattern with 21 F and
-    57 S, the same as the freq-4 schedule with offset 3."""
-    types = ["full"] * 3 + ["shared"] * 3 + (["full"] + ["shared"] * 3) * 18
-    pattern = leaf.resolve_index_topk_pattern(78, indexer_types=types)
-    assert (len(pattern), pattern.count("F"), pattern.count("S")) == (78, 21, 57)
-    assert pattern == leaf.pattern_from_topk_freq(78, 4, 3)
+def test_glm52_layout_and_the_issue_case(skip_topk_layers) -> None:
+    """GLM-5.2 (FFFSSS + (FSSS) x 18) shares 57 of 78 layers; the IndexCache request
+    FFFSSSSSSSSF on the checkpoint layout FFFFSSSFSSSF builds FFFSSSSSSSSF (stock vLLM 0.34.0
+    builds FFFFSSSFSSSF)."""
+    glm52 = "FFFSSS" + "FSSS" * 18
+    got = skip_topk_layers(_config(78, indexer_types=[TO_TYPE[c] for c in glm52]))
+    assert (len(got), 78 - len(got)) == (57, 21)
+    config = _config(
+        12,
+        indexer_types=[TO_TYPE[c] for c in "FFFFSSSFSSSF"],
+        index_topk_pattern="FFFSSSSSSSSF",
+    )
+    assert skip_topk_layers(config) == _shared("FFFSSSSSSSSF")

@@ -210,9 +210,7 @@ def normalise_name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _substitutes(
-    value: object, where: str, problems: list[str]
-) -> tuple[tuple[str, str], ...]:
+def _substitutes(value: object, where: str, problems: list[str]) -> tuple[tuple[str, str], ...]:
     items = _str_list(value, f"{where} install_substitutes", problems)
     out: dict[str, str] = {}
     for item in items:
