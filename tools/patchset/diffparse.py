@@ -287,15 +287,16 @@ def apply_file(pre: bytes | None, patch: FilePatch) -> bytes | None:
         context = any(kind == " " for kind, _ in hunk.lines)
         anchor = _anchor(hunk, len(lines)) if context else None
         if anchor is not None:
-            at, side = anchor
-            fits = cursor <= at and at + len(old) <= len(lines)
-            if not (fits and lines[at : at + len(old)] == old):
+            anchored, side = anchor
+            fits = cursor <= anchored and anchored + len(old) <= len(lines)
+            if not (fits and lines[anchored : anchored + len(old)] == old):
                 found = _find(lines, old, stated, 0)
                 seen = f"; its lines occur at line {found + 1}" if found is not None else ""
                 raise PatchDoesNotApply(
                     f"{where} has context on one side only, so it must match at the {side} "
                     f"(as git apply requires), and does not{seen}"
                 )
+            at: int | None = anchored
         else:
             at = _find(lines, old, stated, cursor)
         if at is None:

@@ -591,9 +591,9 @@ def roll_back(root: Path) -> int:
             os.replace(staging / f"u{index}", root / rel)
             moved += 1
         if before is not None and os.path.lexists(root / rel):
-            want = int(before["mode"], 8)
-            if stat.S_IMODE(os.lstat(root / rel).st_mode) != want:  # never touch an unmoved file
-                os.chmod(root / rel, want)
+            mode_wanted = int(before["mode"], 8)
+            if stat.S_IMODE(os.lstat(root / rel).st_mode) != mode_wanted:  # never touch unmoved
+                os.chmod(root / rel, mode_wanted)
     for directory in reversed(record["make_dirs"]):
         if os.path.isdir(root / directory) and not os.path.islink(root / directory):
             try:
