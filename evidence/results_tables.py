@@ -789,6 +789,7 @@ _BACKEND_TOKENS = ("triton_mla_sparse_fp8_ds_mla", "flashmla_sparse", "flash_att
 
 def _gate_subject(rest: str) -> str:
     """What a gate compares, from the part of its name after ``-tpN-dcpM``."""
+    rest = re.sub(r"-?\d+\.\d+\.\d+$", "", rest)  # a base suffix (``-0.34.0``) is its own column
     words = [w for w in rest.split("-") if w not in ("graphs", "eager", "bf16", *_BACKEND_TOKENS)]
     key = "-".join(words)
     if key in ("", "32k"):
@@ -824,7 +825,8 @@ def status_rows() -> list[list[str]]:
         heads = argv[argv.index("--heads") + 1] if "--heads" in argv else None
         if heads:
             model += f", {heads} heads"
-        key = (_gate_subject(m["rest"] or ""), backend, model)
+        base = _gate_base(d)
+        key = (base, _gate_subject(m["rest"] or ""), backend, model)
         mode = "graphs" if d["dcp"]["candidate"].get("graphs") else "eager"
         diff, tol = d.get("max_abs_logprob_diff"), d["tolerance"]["atol_logprob"]
         ok = bool(d.get("meaningful") and d.get("equivalent"))
@@ -844,7 +846,16 @@ def status_rows() -> list[list[str]]:
             mark = "✓" if all(ok for _, ok, _ in got) else "✗"
             row.append(f"{mark} {modes}, ≤ {max(r for _, _, r in got):.2f} tol")
         rows.append(row)
-    return [["compared", "backend", "model geometry", *columns], *rows]
+    return [["vLLM", "compared", "backend", "model geometry", *columns], *rows]
+
+
+def _gate_base(d: dict[str, Any]) -> str:
+    """The vLLM release a gate ran on (``base.vllm`` of its record; 0.33.0 for records that
+    predate the field)."""
+    base = d.get("base")
+    if isinstance(base, dict) and base.get("vllm"):
+        return str(base["vllm"])
+    return "0.33.0"
 
 
 def patch_rows() -> list[list[str]]:
@@ -869,8 +880,8 @@ def status_block() -> str:
     )
     lines = [
         STATUS_BEGIN,
-        f"{gates} meaningful DCP gates in `results/` (vLLM 0.33.0 + the series, one H200, DCP",
-        "ranks sharing the GPU). ✓: every gate of the cell was meaningful (sensitive to one",
+        f"{gates} meaningful DCP gates in `results/` (the series on the vLLM release of each row,",
+        "one H200, DCP ranks sharing the GPU). ✓: every gate of the cell was meaningful (sensitive to one",
         "prompt token, negative control caught) and equivalent; ≤ x tol: the largest",
         "log-prob difference as a fraction of the gate's tolerance.",
         "",
