@@ -881,9 +881,9 @@ def status_block() -> str:
     lines = [
         STATUS_BEGIN,
         f"{gates} meaningful DCP gates in `results/` (the series on the vLLM release of each row,",
-        "one H200, DCP ranks sharing the GPU). ✓: every gate of the cell was meaningful (sensitive to one",
-        "prompt token, negative control caught) and equivalent; ≤ x tol: the largest",
-        "log-prob difference as a fraction of the gate's tolerance.",
+        "one H200, DCP ranks sharing the GPU). ✓: every gate of the cell was meaningful",
+        "(sensitive to one prompt token, negative control caught) and equivalent; ≤ x tol: the",
+        "largest log-prob difference as a fraction of the gate's tolerance.",
         "",
         *table(header, rows),
         *table(*(lambda r: (r[0], r[1:]))(patch_rows())),
