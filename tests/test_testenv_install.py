@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import json
 import subprocess
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,16 @@ def _load_tree_tests() -> Any:
 
 
 def _wheel_with_receipt(dist: Path, name: str, receipt: str, version: str) -> Path:
+    """A small wheel whose METADATA declares vLLM 0.34.0's flashinfer pin (pins.toml substitutes
+    it in the test venv) and one requirement that stays."""
     wheel = dist / name
-    wheel.write_bytes(f"{name} bytes".encode())
+    project = name.split("-", 1)[0]
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(
+            f"{project}-{version}.dist-info/METADATA",
+            f"Metadata-Version: 2.1\nName: {project}\nVersion: {version}\n"
+            "Requires-Dist: regex\nRequires-Dist: flashinfer-python==0.7.3\n\n",
+        )
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
     data = {"wheel": {"filename": name, "sha256": digest, "version": version}, "overlay": []}
     (dist / receipt).write_text(json.dumps(data))
@@ -69,16 +78,19 @@ def _dist(tmp_path: Path) -> tuple[Path, Path, Path]:
 def test_fresh_venv_installs_the_b12x_overlay_wheel_last(
     recorded: tuple[Any, list[list[str]]], tmp_path: Path
 ) -> None:
-    """A fresh venv: one pip install of both wheels with dependencies, then the b12x overlay
-    wheel alone, --no-deps --force-reinstall, as the last pip command; the marker names it."""
+    """A fresh venv: the vLLM wheel --no-deps, then its requirements (flashinfer 0.7.4 in place
+    of the declared 0.7.3, pins.toml) with the b12x wheel, then the b12x overlay wheel alone,
+    --no-deps --force-reinstall, as the last pip command; the marker names it."""
     module, calls = recorded
     dist, vllm, b12x = _dist(tmp_path)
     venv = tmp_path / "venv"
     assert module.make_venv(dist / "receipt.json", venv, reuse=False) == 0
     pip_calls = [c for c in calls if "pip" in c]
-    assert len(pip_calls) == 2
-    assert str(vllm) in pip_calls[0] and str(b12x) in pip_calls[0]
-    assert "--no-deps" not in pip_calls[0]
+    assert len(pip_calls) == 3
+    assert pip_calls[0][-2:] == ["--no-deps", str(vllm)]
+    assert str(b12x) in pip_calls[1] and "regex" in pip_calls[1]
+    assert "flashinfer-python==0.7.4" in pip_calls[1]
+    assert "flashinfer-python==0.7.3" not in pip_calls[1]
     assert pip_calls[-1][-3:] == ["--no-deps", "--force-reinstall", str(b12x)]
     marker = json.loads((venv / module.MARKER).read_text())
     assert marker["b12x"] == {
