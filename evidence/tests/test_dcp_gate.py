@@ -460,7 +460,7 @@ def test_the_needle_tops_every_indexer_row_and_draws_attention():
         ({"variant": "patched", "dcp": 1, "engine_extra": {"bogus": 1}}, "valid: dcp_prefill"),
         (
             {"variant": "patched", "tp": 2, "dcp": 2, "engine_extra": {"dcp_prefill_route": "x"}},
-            "valid: query, ckv, auto",
+            "valid: query, packed_ckv, ckv, auto",
         ),
         ({"tp": 2, "dcp": 2, "engine_extra": {"dcp_wire_dtype": "fp8"}}, "patched series"),
         ({"variant": "patched", "engine_extra": {"dcp_comm_ledger_size": 8}}, "dcp >= 2"),
