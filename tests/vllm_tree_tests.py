@@ -127,6 +127,8 @@ def make_venv(receipt_path: Path, venv: Path, *, reuse: bool) -> int:
         print(f"error: {wheel} has sha256 {actual}, the receipt says {receipt['wheel']['sha256']}")
         return 1
     marker = read_marker(venv)
+    # The b12x wheel (vLLM's own `b12x` extra; the series' b12x overlay wheel when there is
+    # one), hash-checked, so the environment is the pair the series targets.
     try:
         b12x = b12x_wheel(receipt_path.parent)
     except PatchsetError as exc:
@@ -160,8 +162,6 @@ def make_venv(receipt_path: Path, venv: Path, *, reuse: bool) -> int:
         print(f"testenv: removing {venv}")
         shutil.rmtree(venv)
     start = time.monotonic()
-    # The b12x wheel (vLLM's own `b12x` extra; the series' b12x overlay wheel when there is
-    # one), hash-checked, so the environment is the pair the series targets.
     substitutes = load_pins(REPO / "pins.toml").get("vllm", "wheel").install_substitutes
     print(f"testenv: creating {venv} and installing {wheel.name} + {b12x.name} with dependencies")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
