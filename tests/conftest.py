@@ -21,6 +21,38 @@ from patchset.patchfile import serialise_header
 from patchset.refresh import render_file
 
 SIGNED = "dcp-series <dcp-series@example.invalid>"
+CONTRIBUTOR = "Ada Lovelace <ada@example.org>"
+"""The git identity of the ``git_user`` fixture (a contributor's, not the placeholder)."""
+
+
+def _git_config(tmp_path_factory: pytest.TempPathFactory, text: str) -> Path:
+    cfg = tmp_path_factory.mktemp("gitcfg") / "config"
+    cfg.write_text(text)
+    return cfg
+
+
+@pytest.fixture(autouse=True)
+def hermetic_git_config(tmp_path_factory, monkeypatch) -> None:
+    """No test reads the runner's git configuration: an empty global config and no system
+    one, so a machine with no git identity (CI's) and a contributor's laptop see the same.
+    A test that needs an identity asks for ``git_user``."""
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(_git_config(tmp_path_factory, "")))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    for name in ("AUTHOR", "COMMITTER"):
+        for part in ("NAME", "EMAIL"):
+            monkeypatch.delenv(f"GIT_{name}_{part}", raising=False)
+    monkeypatch.delenv("EMAIL", raising=False)
+
+
+@pytest.fixture
+def git_user(tmp_path_factory, monkeypatch) -> str:
+    """A global git config naming CONTRIBUTOR, as a contributor has."""
+    name, email = CONTRIBUTOR[: CONTRIBUTOR.index(" <")], CONTRIBUTOR[CONTRIBUTOR.index("<") + 1 : -1]
+    text = f"[user]\n\tname = {name}\n\temail = {email}\n"
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(_git_config(tmp_path_factory, text)))
+    return CONTRIBUTOR
+
+
 Change = tuple[bytes | None, bytes | None]
 
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from conftest import SIGNED, patch_bytes, write_tree
+from conftest import CONTRIBUTOR, SIGNED, patch_bytes, write_tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from patchset.export import (
@@ -331,26 +331,12 @@ def test_export_then_git_am_round_trips(tmp_path_factory, edits, subject_tag: st
         assert (repo.path / "a.py").read_bytes() == post
 
 
-USER = "Ada Lovelace <ada@example.org>"
+USER = CONTRIBUTOR
 
 
 @pytest.fixture
-def git_user(tmp_path_factory, monkeypatch) -> str:
-    """A global git config naming USER (and no system config), as a contributor has."""
-    cfg = tmp_path_factory.mktemp("gitcfg") / "config"
-    name, email = USER[: USER.index(" <")], USER[USER.index("<") + 1 : -1]
-    cfg.write_text(f"[user]\n\tname = {name}\n\temail = {email}\n")
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(cfg))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    return USER
-
-
-@pytest.fixture
-def no_git_user(tmp_path_factory, monkeypatch) -> None:
-    cfg = tmp_path_factory.mktemp("gitcfg") / "config"
-    cfg.write_text("")
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(cfg))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+def no_git_user() -> None:
+    """No git identity: what ``hermetic_git_config`` gives every test, named where it matters."""
 
 
 def test_mbox_signed_by_the_exporter_replaces_the_placeholder() -> None:

@@ -494,8 +494,8 @@ def cmd_export(args: argparse.Namespace, repo: Path) -> int:
     from patchset.rebase import refuse_inside_series
 
     dest = Path(args.to).resolve() if args.to else repo / "dist" / "export"
+    refuse_inside_series(repo, dest, "--to")  # the arguments first, then the environment
     signer = signer_identity(repo)
-    refuse_inside_series(repo, dest, "--to")
     with repo_lock(repo):  # the series, its patch files and the mboxes made from them agree
         series = load_series(repo)
         selected = select(series, args.patches)
