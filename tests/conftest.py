@@ -47,7 +47,7 @@ def hermetic_git_config(tmp_path_factory, monkeypatch) -> None:
 @pytest.fixture
 def git_user(tmp_path_factory, monkeypatch) -> str:
     """A global git config naming CONTRIBUTOR, as a contributor has."""
-    name, email = CONTRIBUTOR[: CONTRIBUTOR.index(" <")], CONTRIBUTOR[CONTRIBUTOR.index("<") + 1 : -1]
+    name, email = CONTRIBUTOR[:-1].split(" <")
     text = f"[user]\n\tname = {name}\n\temail = {email}\n"
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(_git_config(tmp_path_factory, text)))
     return CONTRIBUTOR
