@@ -1,13 +1,14 @@
 # dcp-series: every target runs the tool from the repository venv .venv (`make setup`).
 #
 #   make wheel                 fetch the pins, apply + verify the series on build/vllm,
-#                              build dist/vllm-0.33.0+dcp.<digest>-...whl and dist/receipt.json
-#   make test                  lock check, tool tests, a fresh test venv with the overlay wheel
-#                              installed (pip), the proofs and the vLLM-tree tests against it,
-#                              the evidence lab's CPU tests (evidence/tests)
+#                              build dist/vllm-0.34.0+dcp.<digest>-...whl and dist/receipt.json
+#   make test                  lock check, a fresh test venv with the overlay wheel (pip), then
+#                              two suites at a time: tool tests, proofs, vLLM-tree tests,
+#                              upstream tests, the evidence lab's CPU tests; each one timed
 #   make apply|verify VLLM=<path>   apply / verify the series on another vLLM tree
 #   make upstream-tests        the base's own tests of the touched modules vs the stock baseline
 #                              (also in make test); make upstream-baseline regenerates it
+#   make ci-local              CI as CI runs it, on a fresh clone of the committed main
 #   make proofs | lint | bench-tool | setup | clean
 
 PYTHON ?= python3
@@ -108,16 +109,16 @@ upstream-baseline: fetch
 .PHONY: upstream-tests upstream-baseline
 
 # All suites run even if one fails; PATCHSET_E2E=require turns any end-to-end skip into a failure.
+# tests/run_suites.py runs them JOBS at a time (default: both cores of a CI machine), longest
+# first, and prints each suite's log whole when it ends, with its wall time, then a table of all.
+JOBS ?=
 test: lock-check testenv
-	@rc=0; \
-	echo "== tool tests (tests/)"; PATCHSET_E2E=require $(RUN_TOOL_TESTS) || rc=1; \
-	echo "== evidence lab tests (evidence/tests/)"; $(RUN_EVIDENCE_TESTS) || rc=1; \
-	echo "== proofs (proofs/) with $(TESTPY)"; $(RUN_PROOFS) || rc=1; \
-	echo "== vLLM-tree tests against the installed overlay wheel"; $(RUN_TREE_TESTS) || rc=1; \
-	echo "== upstream vLLM tests of the touched modules: overlay wheel vs the stock baseline"; \
-	$(RUN_UPSTREAM) || rc=1; \
-	if [ $$rc -ne 0 ]; then echo "make test: FAILED (see above)"; else echo "make test: all passed"; fi; \
-	exit $$rc
+	$(PY) tests/run_suites.py $(if $(JOBS),--jobs $(JOBS)) \
+	  'upstream=$(RUN_UPSTREAM)' \
+	  'tree=$(RUN_TREE_TESTS)' \
+	  'proofs=$(RUN_PROOFS)' \
+	  'evidence=$(RUN_EVIDENCE_TESTS)' \
+	  'tool=PATCHSET_E2E=require $(RUN_TOOL_TESTS)'
 
 lint: setup
 	$(PY) -m ruff check tools tests evidence proofs
@@ -132,6 +133,13 @@ bench-tool: setup fetch
 
 clean:
 	rm -rf build/vllm build/base build/testenv dist
+
+# CI rehearsed as CI runs it: a fresh clone of the committed `main`, `bash .ci/run` there with
+# CI=true, no standard input, `env -i` (plain PATH, empty HOME, cold caches); each step's and
+# suite's time and the verdict; the clone is removed afterwards (.ci/local says more).
+ci-local:
+	bash .ci/local
+.PHONY: ci-local
 
 # ----------------------------------------------------------------------------------------------
 # Upstream export, per-patch lint and the rebase report (patchset export / lint / rebase);

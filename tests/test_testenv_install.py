@@ -60,6 +60,7 @@ def recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(module.subprocess, "run", run)
+    monkeypatch.setattr(module, "free_gib", lambda _path: 100.0)
     return module, calls
 
 
@@ -135,3 +136,24 @@ def test_a_b12x_wheel_that_is_not_its_receipts_is_refused(
     b12x.write_bytes(b"tampered")
     assert module.make_venv(dist / "receipt.json", tmp_path / "venv", reuse=False) == 1
     assert not calls
+
+
+def test_a_disk_without_room_for_a_fresh_venv_is_refused_before_pip(
+    recorded: tuple[Any, list[list[str]]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """1 GiB free: one line naming the free and needed space and the way out; no venv made,
+    no pip run (CI's disk filled mid-install once: pip's OSError after minutes)."""
+    module, calls = recorded
+    monkeypatch.setattr(module, "free_gib", lambda _path: 1.0)
+    dist, _vllm, _b12x = _dist(tmp_path)
+    assert module.make_venv(dist / "receipt.json", tmp_path / "venv", reuse=False) == 1
+    assert not calls
+    out = capsys.readouterr().out
+    assert "1.0 GiB free" in out and f"{module.FRESH_VENV_GIB} GiB" in out and "TESTENV=" in out
+
+
+def test_free_space_is_read_from_the_nearest_existing_folder(tmp_path: Path) -> None:
+    module = _load_tree_tests()
+    assert module.free_gib(tmp_path / "not" / "yet") == module.free_gib(tmp_path)
+    assert module.lacks_space(tmp_path / "venv", need_gib=0) is None
+    assert "GiB free" in module.lacks_space(tmp_path / "venv", need_gib=10**9)

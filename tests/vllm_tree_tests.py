@@ -55,6 +55,31 @@ CPU platform where no GPU is visible, and a pytest plugin that reports hub-only 
 skips with their reason when huggingface.co is unreachable)."""
 TEST_TIMEOUT_S = 900
 """Per-test limit: a hung test fails instead of stalling CI."""
+FRESH_VENV_GIB = 12
+"""Free space a fresh test venv needs where it is made: 9.5 GiB installed (torch's CUDA build
+with its nvidia-* libraries 4.7 GiB, Triton, flashinfer, vLLM), plus pip's unpacked downloads
+while it installs. Checked before the first pip call, so a full disk is one clear line at the
+start of ``make test``, never pip's ``OSError: [Errno 28]`` minutes into it."""
+
+
+def free_gib(path: Path) -> float:
+    """Free GiB of the file system that holds ``path`` (or its nearest existing ancestor)."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free / 2**30
+
+
+def lacks_space(venv: Path, need_gib: float = FRESH_VENV_GIB) -> str | None:
+    """Why a fresh venv at ``venv`` cannot be made (too little free space), or None."""
+    free = free_gib(venv)
+    if free >= need_gib:
+        return None
+    return (
+        f"{venv}: {free:.1f} GiB free on its file system, a fresh test venv needs about "
+        f"{need_gib} GiB; free space (e.g. `make clean`, old build/testenv copies) or make it "
+        "elsewhere: make test TESTENV=<dir on a larger disk>"
+    )
 
 
 def series_test_files(root: Path, tree: Path) -> list[str]:
@@ -161,6 +186,11 @@ def make_venv(receipt_path: Path, venv: Path, *, reuse: bool) -> int:
     if venv.exists():
         print(f"testenv: removing {venv}")
         shutil.rmtree(venv)
+    short = lacks_space(venv)
+    if short is not None:
+        print(f"error: {short}")
+        return 1
+    print(f"testenv: {free_gib(venv):.0f} GiB free where the venv goes")
     start = time.monotonic()
     substitutes = load_pins(REPO / "pins.toml").get("vllm", "wheel").install_substitutes
     print(f"testenv: creating {venv} and installing {wheel.name} + {b12x.name} with dependencies")
