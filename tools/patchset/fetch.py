@@ -1,4 +1,7 @@
-"""Fetch the pinned artefacts with pip into a cache; hand out verified paths and pristine trees.
+"""Fetch the pinned artefacts into a cache; hand out verified paths and pristine trees.
+
+A pin is downloaded with ``pip download --no-deps`` or, with ``download = "index"``, by name
+from the package index (:mod:`patchset.index`: no metadata build of the sdist).
 
 Every use re-hashes the cached file: a file whose sha256 differs from its pin is deleted and
 reported (:class:`~patchset.errors.HashMismatch`), never used. Once a file is cached and
@@ -28,10 +31,20 @@ from typing import Literal
 
 from .errors import ExternalToolError, HashMismatch, PatchsetError, PinError
 from .hashing import sha256_file
+from .index import download_from_index
 from .pins import Pin, Pins, find_root, load_pins
 
 PipRunner = Callable[[Sequence[str], Mapping[str, str]], None]
 """Runs one ``pip download`` argv (after the pip command itself) under an environment."""
+
+IndexDownloader = Callable[[Pin, Path], None]
+"""Downloads a ``download = "index"`` pin's file into a folder, under the pinned file name."""
+
+
+def download_pin_from_index(pin: Pin, dest: Path) -> None:
+    """The index downloader: the pinned file by name, the index's stated hash checked."""
+    download_from_index(pin.requirement, pin.filename, dest, sha256=pin.sha256)
+
 
 FetchAction = Literal["cached", "downloaded", "copied"]
 
@@ -89,13 +102,14 @@ def fetch_pin(
     offline: bool = False,
     source: Path | None = None,
     pip: PipRunner = run_pip,
+    index: IndexDownloader = download_pin_from_index,
 ) -> Fetched:
     """Make ``pin``'s file present and verified in ``cache``; return where it is.
 
     A cached file is re-hashed and used as is (pip is not called). Otherwise the file is
     copied from ``source`` (a directory searched two levels deep) when given, else downloaded
-    with ``pip download --no-deps``; either way it lands under a temporary name, is hashed,
-    and only a matching file is moved into place.
+    (``pip download --no-deps``, or from the index for ``download = "index"``); either way it
+    lands under a temporary name, is hashed, and only a matching file is moved into place.
     """
     target = cache / pin.filename
     if target.is_file():
@@ -117,10 +131,13 @@ def fetch_pin(
             shutil.copyfile(found, staged)
             action: FetchAction = "copied"
         else:
-            pip(
-                ["download", "--no-deps", "--dest", str(tmp), *pin.pip_args, pin.requirement],
-                pin.env_dict,
-            )
+            if pin.download == "index":
+                index(pin, tmp)
+            else:
+                pip(
+                    ["download", "--no-deps", "--dest", str(tmp), *pin.pip_args, pin.requirement],
+                    pin.env_dict,
+                )
             staged = tmp / pin.filename
             if not staged.is_file():
                 produced = sorted(p.name for p in tmp.iterdir())
@@ -150,6 +167,7 @@ def fetch_all(
     offline: bool = False,
     source: Path | None = None,
     pip: PipRunner = run_pip,
+    index: IndexDownloader = download_pin_from_index,
 ) -> list[Fetched]:
     """Fetch every pin; try them all, then raise one error listing every failure.
 
@@ -159,7 +177,7 @@ def fetch_all(
     failures: list[PatchsetError] = []
     for pin in pins:
         try:
-            done.append(fetch_pin(pin, cache, offline=offline, source=source, pip=pip))
+            done.append(fetch_pin(pin, cache, offline=offline, source=source, pip=pip, index=index))
         except PatchsetError as exc:
             failures.append(exc)
     if failures:

@@ -17,6 +17,8 @@ from .errors import PinError
 
 PinKind = Literal["sdist", "wheel"]
 KINDS: tuple[str, ...] = ("sdist", "wheel")
+DownloadMethod = Literal["pip", "index"]
+DOWNLOADS: tuple[str, ...] = ("pip", "index")
 SCHEMA_VERSION = 1
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -25,7 +27,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _EXACT_REQ = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)")
 _COMMON_KEYS = {"requirement", "filename", "sha256", "pip_args", "env"}
 _KIND_KEYS: dict[str, set[str]] = {
-    "sdist": _COMMON_KEYS | {"top_dir"},
+    "sdist": _COMMON_KEYS | {"top_dir", "download"},
     "wheel": _COMMON_KEYS | {"differs_from_sdist", "build_only_py", "install_substitutes"},
 }
 _SUFFIX = {"sdist": (".tar.gz",), "wheel": (".whl",)}
@@ -41,7 +43,9 @@ class Pin:
     adds that the sdist lacks. ``install_substitutes`` maps a distribution name (normalised) to
     the exact ``name==version`` that the project's own installs (test venv, GPU staging) use in
     place of the wheel's declared pin, for a pin the reachable package index does not serve; the
-    wheel's metadata is never changed.
+    wheel's metadata is never changed. ``download`` (sdists): ``pip`` runs ``pip download``;
+    ``index`` reads the file by name from the package index (:mod:`patchset.index`), for an
+    sdist whose metadata pip would build first (``pip_args`` and ``env`` are then empty).
     """
 
     target: str
@@ -55,6 +59,7 @@ class Pin:
     differs_from_sdist: tuple[str, ...] = ()
     build_only_py: tuple[str, ...] = ()
     install_substitutes: tuple[tuple[str, str], ...] = ()
+    download: DownloadMethod = "pip"
 
     @property
     def key(self) -> str:
@@ -188,6 +193,11 @@ def _parse_entry(
         if rel.startswith("/") or ".." in rel.split("/"):
             problems.append(f"{where}: {rel!r} must be a relative path inside the wheel")
     substitutes = _substitutes(entry.get("install_substitutes", []), where, problems)
+    download = entry.get("download", "pip")
+    if download not in DOWNLOADS:
+        problems.append(f"{where}: download {download!r} must be one of {', '.join(DOWNLOADS)}")
+    elif download == "index" and (pip_args or env_pairs):
+        problems.append(f"{where}: download = 'index' runs no pip: pip_args and env must be empty")
     if len(problems) > before:
         return None
     return Pin(
@@ -202,6 +212,7 @@ def _parse_entry(
         differs_from_sdist=tuple(differs),
         build_only_py=tuple(build_only),
         install_substitutes=substitutes,
+        download=download,
     )
 
 

@@ -35,7 +35,13 @@ from typing import Any, Literal
 
 from patchset import __version__
 from patchset.errors import HashMismatch, PatchDoesNotApply, PatchsetError, PinError
-from patchset.fetch import PipRunner, extract_sdist, run_pip
+from patchset.fetch import (
+    IndexDownloader,
+    PipRunner,
+    download_pin_from_index,
+    extract_sdist,
+    run_pip,
+)
 from patchset.gitops import UNMERGED_STATES, ScratchRepo
 from patchset.hashing import sha256_file
 from patchset.model import Patch
@@ -89,6 +95,7 @@ def release_pins(old: Pin, version: str) -> Pin:
         pip_args=old.pip_args,
         env=env,
         top_dir=(old.top_dir or "").replace(old_version, version) or None,
+        download=old.download,
     )
 
 
@@ -98,6 +105,7 @@ def fetch_release(
     *,
     source: Path | None = None,
     pip: PipRunner = run_pip,
+    index: IndexDownloader = download_pin_from_index,
     log: Log = _quiet,
 ) -> tuple[Path, str]:
     """Download (or copy from ``source``) the release file of ``pin`` into ``cache`` and pin it.
@@ -133,6 +141,9 @@ def fetch_release(
             shutil.copyfile(source, staged)
         elif target.is_file():  # cached but checked against something else: check it now
             shutil.copyfile(target, staged)
+        elif pin.download == "index":
+            log(f"Downloading {pin.requirement} ({pin.kind}) from the package index")
+            index(pin, Path(tmp))
         else:
             log(f"Downloading {pin.requirement} ({pin.kind}) with pip")
             pip(
