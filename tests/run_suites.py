@@ -20,8 +20,9 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 NAME = re.compile(r"[a-z][a-z0-9-]*\Z")
 
@@ -35,7 +36,7 @@ class Suite:
     started: float = 0.0
     seconds: float = 0.0
     returncode: int | None = None
-    handle: object = field(default=None, repr=False)
+    out: IO[bytes] | None = None
 
 
 def parse_suite(spec: str, logs: Path) -> Suite:
@@ -51,13 +52,12 @@ def default_jobs() -> int:
 
 def start(suite: Suite) -> None:
     suite.log.parent.mkdir(parents=True, exist_ok=True)
-    out = suite.log.open("wb")
-    suite.handle = out
+    suite.out = suite.log.open("wb")
     suite.started = time.monotonic()
     suite.proc = subprocess.Popen(
         ["bash", "-c", suite.command],
         stdin=subprocess.DEVNULL,
-        stdout=out,
+        stdout=suite.out,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
@@ -66,7 +66,8 @@ def start(suite: Suite) -> None:
 def finish(suite: Suite, returncode: int) -> None:
     suite.returncode = returncode
     suite.seconds = time.monotonic() - suite.started
-    suite.handle.close()  # type: ignore[attr-defined]
+    if suite.out is not None:
+        suite.out.close()
     verdict = "passed" if returncode == 0 else f"FAILED (exit {returncode})"
     sys.stdout.write(f"== {suite.name}: {suite.command}\n")
     sys.stdout.flush()

@@ -11,14 +11,14 @@ import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from .errors import PinError
 
 PinKind = Literal["sdist", "wheel"]
 KINDS: tuple[str, ...] = ("sdist", "wheel")
 DownloadMethod = Literal["pip", "index"]
-DOWNLOADS: tuple[str, ...] = ("pip", "index")
+DOWNLOADS: tuple[str, ...] = get_args(DownloadMethod)
 SCHEMA_VERSION = 1
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
