@@ -77,14 +77,12 @@ def lazy_imports() -> dict[str, object]:
     """The glue imports its cores at call time: the names of the shipped files the
     caller must put into ``sys.modules`` while it runs the glue."""
     import test_dcp_packed_ckv as proof
-    from conftest import load_leaf
     from shipped_triton import load_shipped_triton
 
     return {
         "vllm.v1.attention.ops.dcp_packed_ckv": proof.ckv,
         "vllm.v1.attention.ops.dcp_wire_model": proof.wire,
         "vllm.v1.attention.backends.mla.sparse_utils": proof.su,
-        "vllm.v1.attention.ops.dcp_fp8_wire": load_leaf("vllm/v1/attention/ops/dcp_fp8_wire.py"),
         "vllm.v1.attention.ops.triton_sparse_mla": load_shipped_triton(
             "vllm/v1/attention/ops/triton_sparse_mla.py"
         ),
@@ -102,7 +100,6 @@ def _vllm_config(n: int, interleave: int, route: str = "packed_ckv"):
             decode_context_parallel_size=n,
             cp_kv_cache_interleave_size=interleave,
             dcp_comm_backend="a2a",
-            dcp_wire_dtype="auto",
         ),
         scheduler_config=SimpleNamespace(max_num_seqs=4),
         model_config=SimpleNamespace(max_model_len=1024, dtype=torch.bfloat16),

@@ -29,7 +29,6 @@ RECIPES = extract_recipes(DOC.read_text())
 SWITCHES = {
     # flag or config key -> (the field check_serving_recipes reports, default, valid values)
     "--dcp-prefill-route": ("dcp_prefill_route", "query", ("query", "packed_ckv")),
-    "--dcp-wire-dtype": ("dcp_wire_dtype", "auto", ("auto", "fp8")),
     "sparse_indexer_dcp_merge_backend": (
         "sparse_indexer_dcp_merge_backend",
         "auto",
@@ -68,9 +67,8 @@ def requested(argv: list[str]) -> dict[str, Any]:
     if flag_value(argv, "--nnodes"):
         want["nnodes"] = int(flag_value(argv, "--nnodes") or 1)
         want["node_rank"] = int(flag_value(argv, "--node-rank") or 0)
-    for flag in ("--dcp-prefill-route", "--dcp-wire-dtype"):
-        field, default, _ = SWITCHES[flag]
-        want[field] = flag_value(argv, flag) or default
+    field, default, _ = SWITCHES["--dcp-prefill-route"]
+    want[field] = flag_value(argv, "--dcp-prefill-route") or default
     want["sparse_indexer_dcp_merge_backend"] = _kernel(argv).get(
         "sparse_indexer_dcp_merge_backend", "auto"
     )

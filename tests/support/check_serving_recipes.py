@@ -89,7 +89,6 @@ def check(argv: list[str]) -> dict[str, Any]:
         "kv_cache_dtype": str(config.cache_config.cache_dtype),
         "attention_backend": _name(config.attention_config.backend),
         "dcp_prefill_route": getattr(parallel, "dcp_prefill_route", None),
-        "dcp_wire_dtype": getattr(parallel, "dcp_wire_dtype", None),
         "sparse_indexer_dcp_merge_backend": getattr(
             config.kernel_config, "sparse_indexer_dcp_merge_backend", None
         ),
