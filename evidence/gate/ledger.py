@@ -2,9 +2,10 @@
 """The DCP communication ledger of gate runs, side by side: bytes per rank per layer (exact)
 and per-call times, per phase, for one pass of each run.
 
-Patch 0009's ledger (``dcp_comm_ledger_size > 0``) counts every MLA DCP collective's wire
-bytes exactly and times the last ``capacity`` calls of each phase with CUDA events; the gate
-worker stores its summary per pass in each rank's record (``ledger``). Runs compared here must
+The comm ledger (``dcp_comm_ledger_size > 0``: patch 0009 on the 0.33 series, the harness's
+``gate/comm_ledger.py`` since 0.34.0) counts every MLA DCP collective's wire bytes exactly and
+times the last ``capacity`` calls of each phase with CUDA events; the gate worker stores its
+summary per pass in each rank's record (``ledger``). Runs compared here must
 have served the same prompts in the compared passes (the prompts are seeded per prompt, so a
 light run's ``clean`` pass and a full run's ``repeat`` pass, both the 1k and 8k singles and the
 batch, are the same requests); the output records each run's prompt digests so that this can be

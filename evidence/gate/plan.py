@@ -34,6 +34,9 @@ ENGINE_EXTRA_KEYS = (
     "kernel_config",
     "speculative_config",
 )
+# engine_extra keys the harness consumes itself and never passes to vLLM: the gate's comm ledger
+# (gate/comm_ledger.py; vLLM 0.33's series had it as patch 0009), eager runs only.
+HARNESS_KEYS = ("dcp_comm_ledger_size",)
 KERNEL_CONFIG_KEYS = ("sparse_indexer_dcp_merge_backend",)
 SPEC_KEYS = (
     "method",
@@ -202,6 +205,11 @@ class GateConfig:
         if self.variant not in VARIANTS:
             out.append(f"unknown variant {self.variant!r}; valid: {', '.join(VARIANTS)}")
         out += engine_extra_problems(self.engine_extra, self.variant, self.dcp)
+        if self.graphs and self.engine_extra.get("dcp_comm_ledger_size", 0):
+            out.append(
+                "dcp_comm_ledger_size needs an eager run (graphs false): a FULL CUDA graph "
+                "replays no Python, so the ledger would miss those calls"
+            )
         if self.backend in PATCHED_ONLY_BACKENDS and self.variant != "patched":
             out.append(f"backend {self.backend} exists only in the patched series")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):

@@ -182,6 +182,8 @@ def engine_kwargs(cfg: plan.GateConfig) -> dict[str, Any]:
         cc = kw.setdefault("compilation_config", {})
         cc["pass_config"] = {**cc.get("pass_config", {}), "fuse_allreduce_rms": False}
     for key, value in cfg.engine_extra.items():  # validated by GateConfig (plan.py)
+        if key in plan.HARNESS_KEYS:  # the harness's own, not vLLM's
+            continue
         if key == "kernel_config" and isinstance(kw.get(key), dict):
             kw[key] = {**kw[key], **value}
         else:
@@ -192,19 +194,19 @@ def engine_kwargs(cfg: plan.GateConfig) -> dict[str, Any]:
 LEDGER_TIME_LABEL = plan.TRANSPORT_EMULATED
 
 
-def ledger_snapshot(reset: bool = True) -> dict[str, Any] | None:
-    """This rank's DCP communication ledger (the series' dcp_comm_ledger_size > 0): per layer
-    and phase the calls, the exact wire bytes and the CUDA-event times, then reset so the
-    next pass starts at zero. The engine is in-process (external_launcher), so the ledger of
-    this rank's worker is the one vllm.v1.attention.ops.dcp.get_dcp_comm_ledger() returns."""
-    from vllm.v1.attention.ops.dcp import get_dcp_comm_ledger
+_LEDGER: Any = None  # this process's gate/comm_ledger.CommLedger, when the run asked for one
 
-    ledger = get_dcp_comm_ledger()
-    if ledger is None:
+
+def ledger_snapshot(reset: bool = True) -> dict[str, Any] | None:
+    """This rank's DCP communication ledger (``dcp_comm_ledger_size > 0``, gate/comm_ledger.py):
+    per layer and phase the calls, the exact wire bytes and the CUDA-event times, then reset so
+    the next pass starts at zero. The engine is in-process (external_launcher), so the managers
+    the ledger wraps are this rank's."""
+    if _LEDGER is None:
         return None
-    summary = ledger.summary()
+    summary = _LEDGER.summary()
     if reset:
-        ledger.reset()
+        _LEDGER.reset()
     summary["time_label"] = LEDGER_TIME_LABEL
     return summary
 
@@ -390,6 +392,12 @@ def main(config_path: str, out_dir: str) -> int:
             install_merge_spy()
         kw = engine_kwargs(cfg)
         record["engine_kwargs"] = {k: v for k, v in kw.items()}
+        ledger_size = cfg.engine_extra.get("dcp_comm_ledger_size", 0)
+        if ledger_size > 0:
+            from gate import comm_ledger
+
+            global _LEDGER
+            _LEDGER = comm_ledger.install_in_vllm(ledger_size)
         t0 = time.time()
         llm = LLM(**kw)
         record["engine_start_s"] = round(time.time() - t0, 1)
