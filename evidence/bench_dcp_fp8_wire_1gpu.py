@@ -31,7 +31,9 @@ against dcp_wire_model). To project a fabric, add bytes / bandwidth
 allocation during the call above what was allocated before it (inputs
 excluded, outputs included).
 
-Run on one GPU with the patched 0.34 tree shadowing the installed 0.34 wheel:
+0008 was dropped on this measurement (design/upstreaming.md). To run it again, apply the
+series as it was at revision a242594 (the last with 0008) and point ``--vllm-tree`` at that
+tree. Run on one GPU with the patched 0.34 tree shadowing the installed 0.34 wheel:
 
     python bench_dcp_fp8_wire_1gpu.py --vllm-tree /path/to/vllm034-p0007 \\
         --out results/dcp-fp8-wire-1gpu.json

@@ -1,0 +1,123 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Pure helpers shared by the GPU benchmarks that must stop on time and leave a result behind:
+the spread of repeated timings, a hard wall-clock deadline with a watchdog, and an atomic JSON
+writer (a reader never sees half a file; a killed run leaves the last complete one).
+
+No torch, no GPU: evidence/tests/test_bench_timing.py tests all of it on a CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile ``q`` in [0, 1] of an ascending, non-empty sequence."""
+    if not sorted_values:
+        raise ValueError("quantile of no values")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile {q} outside [0, 1]")
+    pos = q * (len(sorted_values) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    frac = pos - lo
+    return sorted_values[lo] * (1.0 - frac) + sorted_values[hi] * frac
+
+
+def spread(samples: Sequence[float]) -> dict[str, float | int]:
+    """Median and spread of repeated timings: ``median``, ``p10``, ``p90``, ``min``, ``max``,
+    ``n`` and ``rel_spread`` = (p90 - p10) / median (0 when the median is 0)."""
+    values = sorted(float(s) for s in samples)
+    if not values:
+        raise ValueError("spread of no samples")
+    med = quantile(values, 0.5)
+    p10, p90 = quantile(values, 0.1), quantile(values, 0.9)
+    return {
+        "median": med,
+        "p10": p10,
+        "p90": p90,
+        "min": values[0],
+        "max": values[-1],
+        "n": len(values),
+        "rel_spread": (p90 - p10) / med if med > 0 else 0.0,
+    }
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator, None when either is missing or the denominator is not > 0."""
+    if numerator is None or denominator is None or not denominator > 0:
+        return None
+    return numerator / denominator
+
+
+def repetitions(first_ms: float, target_ms: float, lo: int, hi: int) -> int:
+    """How many repetitions of a call that took ``first_ms`` spend about ``target_ms``,
+    clamped to [lo, hi]."""
+    if lo > hi:
+        raise ValueError(f"lo {lo} > hi {hi}")
+    if not first_ms > 0:
+        return hi
+    return max(lo, min(hi, int(target_ms / first_ms)))
+
+
+class Deadline:
+    """A hard wall-clock bound: ``left()`` seconds remain of ``seconds`` from construction.
+
+    ``arm(on_expiry)`` starts a daemon watchdog that calls ``on_expiry()`` once the deadline has
+    passed (the benchmarks write their partial JSON there and exit), unless ``disarm()`` came
+    first. ``clock`` is injectable for tests."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if not seconds > 0:
+            raise ValueError(f"deadline must be > 0 s, got {seconds}")
+        self.seconds = float(seconds)
+        self._clock = clock
+        self._start = clock()
+        self._disarmed = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def elapsed(self) -> float:
+        return self._clock() - self._start
+
+    def left(self) -> float:
+        return self.seconds - self.elapsed()
+
+    def expired(self) -> bool:
+        return self.left() <= 0
+
+    def allows(self, expected_s: float, margin_s: float = 0.0) -> bool:
+        """Whether a step expected to take ``expected_s`` ends ``margin_s`` before the
+        deadline."""
+        return self.left() - margin_s >= expected_s
+
+    def arm(self, on_expiry: Callable[[], None], poll_s: float = 0.2) -> None:
+        def watch() -> None:
+            while not self._disarmed.wait(min(poll_s, max(self.left(), 0.0) + 1e-3)):
+                if self.expired():
+                    on_expiry()
+                    return
+
+        self._thread = threading.Thread(target=watch, name="deadline", daemon=True)
+        self._thread.start()
+
+    def disarm(self) -> None:
+        self._disarmed.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+
+def write_json_atomic(path: Path, record: dict[str, Any]) -> Path:
+    """Write ``record`` to ``path`` through a temporary file and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True, allow_nan=True) + "\n")
+    os.replace(tmp, path)
+    return path
