@@ -16,6 +16,9 @@ Times come from ranks sharing one GPU and talking over host sockets when the run
 
     python3 evidence/gate/ledger.py --work <gate work folder> --out results/dcp-ledger-X.json \\
         query=p-glmn-tp2-dcp2:repeat ckv=p-glmn-tp2-dcp2-ckv:clean fp8=p-glmn-tp2-dcp2-fp8wire:clean
+
+``--control RUN:PASS`` adds the observer check: the first entry's tokens and log-probs against
+the same configuration served without a ledger.
 """
 
 from __future__ import annotations
@@ -83,9 +86,40 @@ def prompt_digests(run: dict[str, Any], pass_name: str) -> dict[str, str]:
     return {key: rec["prompt_sha256"] for key, rec in sorted(records.items())}
 
 
-def compare(entries: dict[str, tuple[dict[str, Any], str]]) -> dict[str, Any]:
+def observer_check(
+    measured: tuple[dict[str, Any], str], control: tuple[dict[str, Any], str]
+) -> dict[str, Any]:
+    """Does recording change what is served? The ledger run's pass against the same
+    configuration without a ledger: per prompt, greedy tokens exact, and the largest
+    |delta log-prob| over the ids in both top-k lists (compare it with the run-to-run noise
+    floor of that configuration; it is not a verdict by itself)."""
+    from gate import verdict  # verdict imports this module
+
+    (run, pass_name), (ctl, ctl_pass) = measured, control
+    if prompt_digests(run, pass_name) != prompt_digests(ctl, ctl_pass):
+        raise ValueError(f"control {ctl.get('name')}:{ctl_pass} served other prompts")
+    a, b = run["passes"][pass_name], ctl["passes"][ctl_pass]
+    tokens = verdict.tokens_exact(b, a)
+    diffs = []
+    for key in sorted(a):
+        at = verdict.largest_difference(b[key]["steps"], a[key]["steps"])["at"]
+        if at is not None:
+            diffs.append(abs(at["ref"] - at["cand"]))
+    return {
+        "control": f"{ctl.get('name')}:{ctl_pass}",
+        "tokens_exact_prompts": sum(r["exact"] for r in tokens["prompts"].values()),
+        "prompts": len(tokens["prompts"]),
+        "max_abs_logprob_diff": max(diffs, default=None),
+    }
+
+
+def compare(
+    entries: dict[str, tuple[dict[str, Any], str]],
+    control: tuple[dict[str, Any], str] | None = None,
+) -> dict[str, Any]:
     """Label -> (run record, pass): the ledgers side by side, wire bytes per rank as ratios
-    to the first entry. Refuses entries whose prompts differ from the first one's."""
+    to the first entry. Refuses entries whose prompts differ from the first one's. With
+    ``control`` (the first entry's configuration without a ledger), the observer check."""
     if not entries:
         raise ValueError("nothing to compare")
     first_label = next(iter(entries))
@@ -115,7 +149,7 @@ def compare(entries: dict[str, tuple[dict[str, Any], str]]) -> dict[str, Any]:
             else None
             for r, v in row["per_rank"].items()
         }
-    return {
+    out = {
         "kind": "dcp_comm_ledger",
         "prompts": sorted(first_prompts),
         "reference": first_label,
@@ -125,6 +159,9 @@ def compare(entries: dict[str, tuple[dict[str, Any], str]]) -> dict[str, Any]:
         "means of the CUDA-event-timed calls (the ledger keeps the last `capacity` calls per "
         "phase) under the run's transport",
     }
+    if control is not None:
+        out["observer_check"] = observer_check(entries[first_label], control)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,7 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, required=True, help="gate work folder (runs/*.json)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("entries", nargs="+", help="label=run:pass (the first is the reference)")
+    p.add_argument(
+        "--control", default=None, help="run:pass, the first entry's configuration without a ledger"
+    )
     args = p.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # evidence/: gate, provenance
     entries: dict[str, tuple[dict[str, Any], str]] = {}
     for spec in args.entries:
         label, _, rest = spec.partition("=")
@@ -140,13 +181,18 @@ def main(argv: list[str] | None = None) -> int:
         if not (label and name and pass_name):
             p.error(f"entry {spec!r} is not label=run:pass")
         entries[label] = (json.loads((args.work / "runs" / f"{name}.json").read_text()), pass_name)
+    control = None
+    if args.control:
+        name, _, pass_name = args.control.partition(":")
+        if not (name and pass_name):
+            p.error(f"--control {args.control!r} is not run:pass")
+        control = (json.loads((args.work / "runs" / f"{name}.json").read_text()), pass_name)
     try:
-        result = compare(entries)
+        result = compare(entries, control)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     result["command"] = " ".join(sys.argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # evidence/: provenance
     from provenance import write_result
 
     write_result(args.out, result, gpus=False)
@@ -157,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             for ph, v in r0.get("phases", {}).items()
         )
         print(f"{label}: rank 0 {r0.get('wire_bytes_per_layer', 0) / 1e6:.1f} MB/layer ({phases})")
+    if "observer_check" in result:
+        print(f"observer check: {result['observer_check']}")
     return 0
 
 

@@ -371,3 +371,33 @@ def test_the_long_queue_gives_every_light_row_its_32k_prompt() -> None:
             assert qruns[new]["lens"] == [32000] and qruns[new]["batch_lens"] == [], new
     candidates = {dcp_gate.gate_spec(spec)[1] for spec in q["gates"].values()}
     assert all("fault" in qruns[c]["passes"] for c in candidates if qruns[c]["dcp"] > 1)
+
+
+def _served(run: dict, shift: float = 0.0, token: int = 5) -> dict:
+    """``run`` with a served clean pass: per prompt two steps whose top-2 log-probs move by
+    ``shift`` and whose second greedy token is ``token``."""
+    for rec in run["passes"]["clean"].values():
+        rec["tokens"] = [3, token]
+        rec["steps"] = [
+            {"token": 3, "top": [[3, -0.5 + shift], [4, -2.0]]},
+            {"token": token, "top": [[token, -0.25], [4, -3.0 - shift]]},
+        ]
+    return run
+
+
+def test_ledger_observer_check_compares_with_the_run_without_a_ledger() -> None:
+    """The observer check: greedy tokens of the ledger run against the same configuration
+    without one, per prompt, and the largest |delta log-prob|; other prompts are refused."""
+    prompts = {"single/1024": "a", "batch/0/700": "b"}
+    measured = _served(_run("q", prompts, {"q_gather": (1, 1)}))
+    same = _served(_run("n", prompts, {}), shift=0.01)
+    out = ledger.compare({"query": (measured, "clean")}, control=(same, "clean"))
+    check = out["observer_check"]
+    assert check["control"] == "n:clean" and check["prompts"] == 2
+    assert check["tokens_exact_prompts"] == 2
+    assert check["max_abs_logprob_diff"] == pytest.approx(0.01)
+    moved = _served(_run("m", prompts, {}), token=6)
+    assert ledger.observer_check((measured, "clean"), (moved, "clean"))["tokens_exact_prompts"] == 0
+    other = _served(_run("o", {"single/1024": "X", "batch/0/700": "b"}, {}))
+    with pytest.raises(ValueError, match="served other prompts"):
+        ledger.observer_check((measured, "clean"), (other, "clean"))
