@@ -52,7 +52,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_timing import Deadline, ratio, repetitions, spread, write_json_atomic  # noqa: E402
+from bench_timing import (  # noqa: E402
+    Deadline,
+    capture_graph,
+    event_times,
+    ratio,
+    repetitions,
+    spread,
+    write_json_atomic,
+)  # noqa: E402
 
 KV_LORA_RANK = 512
 ROPE_DIM = 64
@@ -326,38 +334,13 @@ def compare(results: dict[str, Any], ref_out, ref_lse, counts) -> dict[str, Any]
     return report
 
 
-def eager_samples(fn, iters: int) -> list[float]:
-    import torch
-
-    times = []
-    for _ in range(iters):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return times
-
-
 def graph_samples(fn, iters: int, calls: int) -> list[float]:
     import torch
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+    graph = capture_graph(fn, calls, warmup=2)
     graph.replay()
     torch.cuda.synchronize()
-    return [t / calls for t in eager_samples(graph.replay, iters)]
+    return [t / calls for t in event_times(graph.replay, iters)]
 
 
 def run_case(fa, fm, case: dict[str, Any], seed: int, args) -> dict[str, Any]:
@@ -382,7 +365,7 @@ def run_case(fa, fm, case: dict[str, Any], seed: int, args) -> dict[str, Any]:
     del results, ref_out, ref_lse
     # Repetitions from a first eager call of the slower backend; eager rounds interleave the
     # two backends so that clock drift hits both.
-    first = max(spread(eager_samples(r, 3))["median"] for r in runners.values())
+    first = max(spread(event_times(r, 3))["median"] for r in runners.values())
     iters = repetitions(first, args.target_ms, 10, args.iters)
     calls = repetitions(first, 2.0, 1, args.graph_calls)
     eager: dict[str, list[float]] = {n: [] for n in BACKENDS}
@@ -390,7 +373,7 @@ def run_case(fa, fm, case: dict[str, Any], seed: int, args) -> dict[str, Any]:
         for n in BACKENDS:
             runners[n]()
             torch.cuda.synchronize()
-            eager[n] += eager_samples(runners[n], max(1, iters // args.rounds))
+            eager[n] += event_times(runners[n], max(1, iters // args.rounds))
     graph = {n: graph_samples(runners[n], iters, calls) for n in BACKENDS}
     timings = {
         n: {"eager_ms": spread(eager[n]), "graph_ms": spread(graph[n]), "graph_calls": calls}

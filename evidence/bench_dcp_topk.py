@@ -51,6 +51,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from bench_timing import capture_graph, event_times
 from provenance import git_revision, load_module, package_version
 from provenance import machine as provenance_machine
 
@@ -117,16 +118,7 @@ def eager_ms(fn: Callable[[], object], iters: int, warm: int = 3) -> float:
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(event_times(fn, iters))
 
 
 def repetitions(fn: Callable[[], object], args: argparse.Namespace) -> tuple[int, int]:
@@ -139,18 +131,7 @@ def repetitions(fn: Callable[[], object], args: argparse.Namespace) -> tuple[int
 
 def graph_ms(fn: Callable[[], object], iters: int, calls: int) -> float:
     """Per-call time of ``calls`` back-to-back calls captured in one CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    return eager_ms(graph.replay, iters) / calls
+    return eager_ms(capture_graph(fn, calls).replay, iters) / calls
 
 
 def run_case(

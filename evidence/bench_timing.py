@@ -113,6 +113,42 @@ class Deadline:
             self._thread.join(timeout=5)
 
 
+def event_times(fn: Callable[[], object], iters: int) -> list[float]:
+    """Milliseconds of ``iters`` calls of ``fn``, each between two CUDA events and waited
+    for before the next call."""
+    import torch
+
+    times = []
+    for _ in range(iters):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def capture_graph(fn: Callable[[], object], calls: int, warmup: int = 3) -> Any:
+    """A CUDA graph of ``calls`` back-to-back calls of ``fn``, captured after ``warmup`` calls
+    on a side stream (lazy initialisation and allocations done before the capture)."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph
+
+
 def write_json_atomic(path: Path, record: dict[str, Any]) -> Path:
     """Write ``record`` to ``path`` through a temporary file and a rename."""
     path = Path(path)
