@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import json
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -157,3 +158,42 @@ def test_free_space_is_read_from_the_nearest_existing_folder(tmp_path: Path) -> 
     assert module.free_gib(tmp_path / "not" / "yet") == module.free_gib(tmp_path)
     assert module.lacks_space(tmp_path / "venv", need_gib=0) is None
     assert "GiB free" in module.lacks_space(tmp_path / "venv", need_gib=10**9)
+
+
+def test_the_stock_venv_of_the_upstream_baseline_is_installed_like_the_test_venv(
+    recorded: tuple[Any, list[list[str]]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``make upstream-baseline``'s stock venv: the official wheel with the same pins.toml
+    substitutes (vLLM 0.34.0's flashinfer 0.7.3 is not on the index: without them pip fails)
+    and the same order, b12x last; a pip failure is an error naming the venv."""
+    _module, calls = recorded
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    spec = importlib.util.spec_from_file_location(
+        "upstream_tests", REPO / "tests/upstream_tests.py"
+    )
+    assert spec is not None and spec.loader is not None
+    upstream = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "upstream_tests", upstream)  # its dataclasses look it up
+    spec.loader.exec_module(upstream)
+    import patchset.fetch
+
+    _dist_dir, vllm, b12x = _dist(tmp_path)
+    wheels = {"vllm": vllm, "b12x": b12x}
+    monkeypatch.setattr(patchset.fetch, "pinned_file", lambda target, _kind, **_kw: wheels[target])
+    python = upstream.make_stock_venv(tmp_path / "stock")
+    assert python == str(tmp_path / "stock" / "bin" / "python")
+    pip_calls = [c for c in calls if "pip" in c]
+    assert pip_calls[0][-2:] == ["--no-deps", str(vllm)]
+    assert "flashinfer-python==0.7.4" in pip_calls[1]
+    assert "flashinfer-python==0.7.3" not in pip_calls[1]
+    assert pip_calls[-1][-3:] == ["--no-deps", "--force-reinstall", str(b12x)]
+
+    def failing(cmd: list[str], **_kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+        if cmd[1:3] == ["-m", "venv"]:
+            (Path(cmd[3]) / "bin").mkdir(parents=True, exist_ok=True)
+            return subprocess.CompletedProcess(cmd, 0)
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.setattr(subprocess, "run", failing)
+    with pytest.raises(upstream.UpstreamError, match="stock venv: installing into"):
+        upstream.make_stock_venv(tmp_path / "stock2")

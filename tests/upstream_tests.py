@@ -1269,7 +1269,7 @@ def make_stock_venv(venv: Path) -> str:
     tests/vllm_tree_tests.py): the stock twin of the test venv. Reused when it has that wheel."""
     from patchset.fetch import pinned_file
     from patchset.hashing import sha256_file
-    from vllm_tree_tests import TEST_TOOLS
+    from vllm_tree_tests import install_fresh
 
     wheel = pinned_file("vllm", "wheel", root=REPO, offline=True)
     b12x = pinned_file("b12x", "wheel", root=REPO, offline=True)
@@ -1283,11 +1283,12 @@ def make_stock_venv(venv: Path) -> str:
     if venv.exists():
         shutil.rmtree(venv)
     print(f"stock venv: creating {venv} with {wheel.name} + {b12x.name} (official, unpatched)")
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     env = {**os.environ, "PIP_CACHE_DIR": str(REPO / ".cache" / "pip")}
     env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
-    pip = [str(python), "-m", "pip", "install", "--progress-bar", "off", "-q"]
-    subprocess.run([*pip, str(wheel), str(b12x), *TEST_TOOLS], env=env, check=True)
+    # the test venv's installation (tests/vllm_tree_tests.py): the same substitutes and order,
+    # so that stock and patched differ only in the vLLM wheel's files
+    if install_fresh(venv, wheel, b12x, env) != 0:
+        raise UpstreamError(f"stock venv: installing into {venv} failed (pip's error above)")
     marker.write_text(json.dumps({"filename": wheel.name, "sha256": digest}) + "\n")
     return str(python)
 

@@ -192,8 +192,21 @@ def make_venv(receipt_path: Path, venv: Path, *, reuse: bool) -> int:
         return 1
     print(f"testenv: {free_gib(venv):.0f} GiB free where the venv goes")
     start = time.monotonic()
-    substitutes = load_pins(REPO / "pins.toml").get("vllm", "wheel").install_substitutes
     print(f"testenv: creating {venv} and installing {wheel.name} + {b12x.name} with dependencies")
+    rc = install_fresh(venv, wheel, b12x, env)
+    if rc != 0:
+        return rc
+    write_marker(venv, wheel, actual, receipt["wheel"]["version"], b12x)
+    print(f"testenv: ready in {time.monotonic() - start:.0f} s")
+    return 0
+
+
+def install_fresh(venv: Path, wheel: Path, b12x: Path, env: dict[str, str]) -> int:
+    """A new venv at ``venv`` with ``wheel`` and its requirements (the pins.toml substitutes in
+    place of the pins they replace), ``b12x`` (last) and the test tools; pip's exit code.
+    The test venv and the stock venv of the upstream baseline are made the same way."""
+    pip = [str(venv_python(venv)), "-m", "pip", "install", "--progress-bar", "off", "-q"]
+    substitutes = load_pins(REPO / "pins.toml").get("vllm", "wheel").install_substitutes
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     if substitutes:
         # The wheel's own requirements with the pins.toml substitutes (an index that lacks a
@@ -209,11 +222,7 @@ def make_venv(receipt_path: Path, venv: Path, *, reuse: bool) -> int:
         if proc.returncode != 0:
             print(f"error: pip install failed (exit {proc.returncode})")
             return proc.returncode
-    if install_b12x_last(pip, b12x, env) != 0:
-        return 1
-    write_marker(venv, wheel, actual, receipt["wheel"]["version"], b12x)
-    print(f"testenv: ready in {time.monotonic() - start:.0f} s")
-    return 0
+    return 1 if install_b12x_last(pip, b12x, env) != 0 else 0
 
 
 def run_tests(root: Path, tree: Path, venv: Path, pytest_args: Sequence[str]) -> int:
