@@ -114,8 +114,8 @@ class Deadline:
 
 
 def event_times(fn: Callable[[], object], iters: int) -> list[float]:
-    """Milliseconds of ``iters`` calls of ``fn``, each between two CUDA events and waited
-    for before the next call."""
+    """Milliseconds of ``iters`` calls of ``fn``, each between two CUDA events, the device
+    synchronised before the next call."""
     import torch
 
     times = []
@@ -125,7 +125,7 @@ def event_times(fn: Callable[[], object], iters: int) -> list[float]:
         start.record()
         fn()
         end.record()
-        end.synchronize()
+        torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return times
 

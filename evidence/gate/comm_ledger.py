@@ -17,8 +17,9 @@ Guarantees:
   ``gate/ledger.py`` refuses it), the exception propagates unchanged.
 
 Phases: ``q_gather``, ``combine``, ``v_up_proj_combine`` and ``kv_gather``, the collectives the
-manager exposes. The packed-CKV route's steps (0007), which 0009 also timed, run inside one
-method and are not recorded.
+manager exposes. A phase's time includes what wrapped the collective before the ledger did (in
+the gate worker, the fault hook's LSE shift on ``combine``). The packed-CKV route's steps
+(0007), which 0009 also timed, run inside one method and are not recorded.
 """
 
 from __future__ import annotations

@@ -154,9 +154,11 @@ def test_layers_are_named_in_construction_order() -> None:
     a, b = FakeManager(), FakeManager()
     for m in (a, b):
         comm_ledger.wrap_manager(m, led, recording_bytes([]), v_up_proj_first_rows=8)
-    b.kv_gather(None, FakeTensor(1))
-    a.kv_gather(None, FakeTensor(1))
-    assert sorted(led.summary()["layers"]) == ["mla_dcp.0", "mla_dcp.1"]
+    b.kv_gather(None, FakeTensor(1))  # the first call comes from the second-built layer
+    a.kv_gather(None, FakeTensor(5))
+    layers = led.summary()["layers"]
+    assert layers["mla_dcp.0"]["kv_gather"]["wire_bytes"] == 3 * 5 * 2  # a, built first
+    assert layers["mla_dcp.1"]["kv_gather"]["wire_bytes"] == 3 * 1 * 2
 
 
 def test_a_phase_under_graph_capture_raises_and_disarms() -> None:
