@@ -59,7 +59,6 @@ from bench_timing import (  # noqa: E402
     ratio,
     repetitions,
     spread,
-    write_json_atomic,
 )  # noqa: E402
 
 KV_LORA_RANK = 512
@@ -419,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("needs a CUDA GPU")
     fa, fm = import_backends(args.vllm_tree)
     import vllm
-    from provenance import command, git_revision, machine
+    from provenance import command, git_revision, machine, write_json_atomic
 
     todo = cases(args.quick)
     lock = threading.Lock()

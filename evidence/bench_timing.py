@@ -1,20 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Pure helpers shared by the GPU benchmarks that must stop on time and leave a result behind:
-the spread of repeated timings, a hard wall-clock deadline with a watchdog, and an atomic JSON
-writer (a reader never sees half a file; a killed run leaves the last complete one).
+"""Helpers shared by the GPU benchmarks that must stop on time and leave a result behind:
+the spread of repeated timings, a hard wall-clock deadline with a watchdog, CUDA-event timing
+and CUDA-graph capture. Their result files go through ``provenance.write_json_atomic``.
 
-No torch, no GPU: evidence/tests/test_bench_timing.py tests all of it on a CPU.
+No torch at import: the two CUDA helpers import it when called; the rest is tested on a CPU
+(evidence/tests/test_bench_timing.py).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 
@@ -147,13 +145,3 @@ def capture_graph(fn: Callable[[], object], calls: int, warmup: int = 3) -> Any:
         for _ in range(calls):
             fn()
     return graph
-
-
-def write_json_atomic(path: Path, record: dict[str, Any]) -> Path:
-    """Write ``record`` to ``path`` through a temporary file and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True, allow_nan=True) + "\n")
-    os.replace(tmp, path)
-    return path

@@ -131,14 +131,22 @@ def command(argv: list[str] | None = None) -> str:
     return " ".join(shlex.quote(a) for a in [sys.executable, *(sys.argv if argv is None else argv)])
 
 
+def write_json_atomic(path: Path, record: dict[str, Any]) -> Path:
+    """Write ``record`` as JSON to ``path`` through a temporary file and a rename: a reader
+    never sees half a file, a killed run leaves the last complete one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
 def write_result(path: Path, record: dict[str, Any], **machine_kwargs: Any) -> Path:
-    """Write ``record`` as JSON to ``path`` with ``command``, ``git_revision`` and ``machine``
-    filled in where the record does not already carry them."""
+    """Write ``record`` as JSON to ``path`` (atomically) with ``command``, ``git_revision`` and
+    ``machine`` filled in where the record does not already carry them."""
     record.setdefault("command", command())
     if "revision" not in record:
         record.setdefault("git_revision", git_revision())
     record.setdefault("machine", machine(**machine_kwargs))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    return path
+    return write_json_atomic(path, record)

@@ -4,7 +4,6 @@ the atomic JSON writer (CPU, no torch)."""
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 from pathlib import Path
@@ -71,10 +70,3 @@ def test_watchdog_fires_once_after_the_deadline_and_not_when_disarmed() -> None:
     d2.arm(quiet.set, poll_s=0.01)
     d2.disarm()
     assert not quiet.wait(0.5)
-
-
-def test_atomic_write_leaves_only_the_file(tmp_path: Path) -> None:
-    out = tmp_path / "sub" / "r.json"
-    bt.write_json_atomic(out, {"b": 1, "a": float("inf")})
-    assert json.loads(out.read_text().replace("Infinity", "1e999"))["b"] == 1
-    assert [p.name for p in out.parent.iterdir()] == ["r.json"]

@@ -37,3 +37,10 @@ def test_load_module_imports_a_file_once_under_its_name(tmp_path: Path) -> None:
     mod = provenance.load_module(leaf, "provenance_test_leaf")
     assert mod.P().x == 1 and sys.modules["provenance_test_leaf"] is mod
     assert provenance.load_module(leaf, "provenance_test_leaf") is mod
+
+
+def test_atomic_write_leaves_only_the_file(tmp_path: Path) -> None:
+    out = tmp_path / "sub" / "r.json"
+    provenance.write_json_atomic(out, {"b": 1, "a": float("inf")})
+    assert json.loads(out.read_text().replace("Infinity", "1e999"))["b"] == 1
+    assert [p.name for p in out.parent.iterdir()] == ["r.json"]
