@@ -46,6 +46,18 @@ def download_pin_from_index(pin: Pin, dest: Path) -> None:
     download_from_index(pin.requirement, pin.filename, dest, sha256=pin.sha256)
 
 
+def download_pin(pin: Pin, dest: Path, pip: PipRunner, index: IndexDownloader) -> None:
+    """Download ``pin``'s file into ``dest``: by name from the package index for a
+    ``download = "index"`` pin, else with ``pip download --no-deps`` (its args and env)."""
+    if pin.download == "index":
+        index(pin, dest)
+    else:
+        pip(
+            ["download", "--no-deps", "--dest", str(dest), *pin.pip_args, pin.requirement],
+            pin.env_dict,
+        )
+
+
 FetchAction = Literal["cached", "downloaded", "copied"]
 
 
@@ -131,13 +143,7 @@ def fetch_pin(
             shutil.copyfile(found, staged)
             action: FetchAction = "copied"
         else:
-            if pin.download == "index":
-                index(pin, tmp)
-            else:
-                pip(
-                    ["download", "--no-deps", "--dest", str(tmp), *pin.pip_args, pin.requirement],
-                    pin.env_dict,
-                )
+            download_pin(pin, tmp, pip, index)
             staged = tmp / pin.filename
             if not staged.is_file():
                 produced = sorted(p.name for p in tmp.iterdir())

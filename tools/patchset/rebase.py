@@ -38,6 +38,7 @@ from patchset.errors import HashMismatch, PatchDoesNotApply, PatchsetError, PinE
 from patchset.fetch import (
     IndexDownloader,
     PipRunner,
+    download_pin,
     download_pin_from_index,
     extract_sdist,
     run_pip,
@@ -141,15 +142,10 @@ def fetch_release(
             shutil.copyfile(source, staged)
         elif target.is_file():  # cached but checked against something else: check it now
             shutil.copyfile(target, staged)
-        elif pin.download == "index":
-            log(f"Downloading {pin.requirement} ({pin.kind}) from the package index")
-            index(pin, Path(tmp))
         else:
-            log(f"Downloading {pin.requirement} ({pin.kind}) with pip")
-            pip(
-                ["download", "--no-deps", "--dest", tmp, *pin.pip_args, pin.requirement],
-                pin.env_dict,
-            )
+            how = "from the package index" if pin.download == "index" else "with pip"
+            log(f"Downloading {pin.requirement} ({pin.kind}) {how}")
+            download_pin(pin, Path(tmp), pip, index)
         if not staged.is_file():
             produced = sorted(p.name for p in Path(tmp).iterdir())
             raise PinError(
