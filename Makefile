@@ -149,12 +149,13 @@ ci-local:
 #                        own tests run by EXPORT_PYTHON (vLLM + its test deps; default: the test
 #                        venv, whose series-patched files are overlaid per patch)
 #   make lint            also lints every patch: ruff with the base tree's config on the files it
-#                        touches (RUFF=<ruff>; vLLM 0.33.0 pins ruff 0.14.0), SPDX, stray prints
+#                        touches (RUFF=<ruff>; vLLM 0.34.0 pins ruff 0.17.2 by commit), SPDX,
+#                        stray prints
 #   make rebase-report   dry-run rebase onto vllm==$(REBASE_ONTO) -> results/rebase-$(REBASE_ONTO).json
 EXPORT_PYTHON ?= $(abspath $(TESTPY))
 EXPORT_ARGS ?=
 RUFF ?=
-REBASE_ONTO ?= 0.33.0
+REBASE_ONTO ?=
 
 .PHONY: export lint-patches rebase-report
 
@@ -175,6 +176,7 @@ lint-docs: apply
 .PHONY: lint-docs
 
 rebase-report: fetch
+	@test -n "$(REBASE_ONTO)" || { echo "make rebase-report REBASE_ONTO=<vLLM release to try>" >&2; exit 2; }
 	tools/rebase_report.sh $(REBASE_ONTO)
 
 # The patch-authoring repository (CONTRIBUTING.md): the pinned vLLM sdist, unpacked and committed

@@ -7,12 +7,14 @@ and every directory of a tree, so tests can prove a failed run changed nothing.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from patchset.cli import main
@@ -21,6 +23,18 @@ from patchset.patchfile import serialise_header
 from patchset.refresh import render_file
 
 SIGNED = "dcp-series <dcp-series@example.invalid>"
+TESTS = Path(__file__).resolve().parent
+
+
+def load_tree_tests(name: str = "vllm_tree_tests") -> ModuleType:
+    """``tests/vllm_tree_tests.py`` (a script, not a package module), loaded as a new module."""
+    spec = importlib.util.spec_from_file_location(name, TESTS / "vllm_tree_tests.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 CONTRIBUTOR = "Ada Lovelace <ada@example.org>"
 """The git identity of the ``git_user`` fixture (a contributor's, not the placeholder)."""
 

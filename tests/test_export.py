@@ -14,10 +14,13 @@ from hypothesis import strategies as st
 from patchset.export import (
     OverlayTestRunner,
     TestRun,
+    check_record,
     check_standalone,
     export_patches,
     export_problems,
     mbox_bytes,
+    plan_selections,
+    plan_test_paths,
     pr_body,
     signer_identity,
     split_description,
@@ -40,6 +43,7 @@ def write_repo(root: Path, base: Path, base_files: dict[str, bytes], patches) ->
     write_tree(base, base_files)
     (root / "patches" / "vllm").mkdir(parents=True, exist_ok=True)
     for name, data in patches:
+        (root / "patches" / name).parent.mkdir(parents=True, exist_ok=True)
         (root / "patches" / name).write_bytes(data)
     (root / "series").write_text("".join(f"{name}\n" for name, _ in patches))
 
@@ -193,7 +197,10 @@ def test_check_runs_the_patch_tests_against_the_changed_files(tmp_path: Path) ->
     patches = load_series(root)
     calls = []
 
-    def runner(tree: Path, changed: Sequence[str], tests: Sequence[str]) -> TestRun:
+    def runner(
+        tree: Path, changed: Sequence[str], tests: Sequence[str], keyword: str | None = None
+    ) -> TestRun:
+        assert keyword is None
         files = {p: (tree / p).read_bytes() for p in changed}
         calls.append((files, list(tests)))
         return TestRun(tuple(tests), True, "1 passed in 0.01s")
@@ -213,6 +220,123 @@ def test_check_runs_the_patch_tests_against_the_changed_files(tmp_path: Path) ->
     ]
     assert first.passed and first.tests and first.tests.summary == "1 passed in 0.01s"
     assert second.passed and second.tests is None
+
+
+SELECTING_PLAN = (
+    "Purpose: two.\n\nTest Plan:\n"
+    "  TRITON_INTERPRET=1 pytest tests/test_a.py \\\n"
+    "    tests/test_b.py -q -k 'x and not y'\n"
+    "  pytest tests/test_c.py -q; pytest tests/test_d.py -k gpu_only  # GPU (not run)\n"
+    "  pytest tests/test_e.py -k=e_only  # CPU\n"
+    "\nTest Result: 3 passed"
+)
+
+
+def test_plan_selections_take_each_cpu_commands_keyword() -> None:
+    data = patch_bytes(
+        {"vllm/mod.py": (b"V = 1\n", b"V = 2\n")},
+        subject="[PATCH] [Core] Two",
+        description=SELECTING_PLAN,
+    )
+    patch, problems = parse_patch("vllm/0001-two.patch", data)
+    assert patch is not None, problems
+    assert plan_selections(patch) == {
+        "tests/test_a.py": "x and not y",
+        "tests/test_b.py": "x and not y",
+        "tests/test_e.py": "e_only",
+    }
+
+
+def test_standalone_runs_the_test_plans_selection_apart(tmp_path: Path) -> None:
+    """A test module the Test Plan runs with ``-k`` runs with it; the others run whole; one
+    failing selection fails the patch's tests."""
+    data = patch_bytes(
+        {
+            "vllm/mod.py": (b"V = 1\n", b"V = 2\n"),
+            "tests/test_a.py": (None, b"def test_x():\n    pass\n"),
+            "tests/test_c.py": (None, b"def test_c():\n    pass\n"),
+        },
+        subject="[PATCH] [Core] Two",
+        description=SELECTING_PLAN,
+    )
+    root, base = tmp_path / "repo", tmp_path / "base"
+    write_repo(root, base, {"vllm/mod.py": b"V = 1\n"}, [("vllm/0001-two.patch", data)])
+    patches = load_series(root)
+    calls = []
+
+    def runner(
+        tree: Path, changed: Sequence[str], tests: Sequence[str], keyword: str | None = None
+    ) -> TestRun:
+        calls.append((list(tests), keyword))
+        ok = keyword is None
+        return TestRun(tuple(tests), ok, "1 passed" if ok else "1 failed", ("boom",), 1.0)
+
+    (result,) = check_standalone(
+        patches, patches, mboxes_for(root), {"vllm": base}, tmp_path / "w", run_tests=runner
+    )
+    assert calls == [(["tests/test_a.py"], "x and not y"), (["tests/test_c.py"], None)]
+    assert result.tests is not None and result.tests.ok is False and not result.passed
+    assert result.tests.selections == (("tests/test_a.py", "x and not y"),)
+    assert result.tests.summary == "-k 'x and not y': 1 failed; 1 passed"
+    assert result.tests.output_tail == ("boom",) and result.tests.seconds == 2.0
+
+
+def test_standalone_runs_each_targets_tests_with_its_runner(tmp_path: Path) -> None:
+    """Runners given per target: the b12x patch's tests run with the b12x runner, the vLLM
+    patch's with the vLLM one, and --require-tests holds for both targets."""
+    vllm_patch = patch_bytes(
+        {
+            "vllm/mod.py": (b"V = 1\n", b"V = 2\n"),
+            "tests/test_mod.py": (None, b"def test_v():\n    pass\n"),
+        },
+        subject="[PATCH] [Core] V",
+    )
+    b12x_patch = patch_bytes(
+        {
+            "b12x/comm.py": (b"C = 1\n", b"C = 2\n"),
+            "tests/test_comm.py": (None, b"def test_c():\n    pass\n"),
+        },
+        subject="[PATCH] [Comm] C",
+    )
+    b12x_bare = patch_bytes({"b12x/comm.py": (b"C = 1\n", b"C = 3\n")}, subject="[PATCH] [Comm] D")
+    root, base, b12x_base = tmp_path / "repo", tmp_path / "base", tmp_path / "b12x-base"
+    write_repo(
+        root,
+        base,
+        {"vllm/mod.py": b"V = 1\n"},
+        [
+            ("vllm/0001-v.patch", vllm_patch),
+            ("b12x/0001-c.patch", b12x_patch),
+            ("b12x/0002-d.patch", b12x_bare),
+        ],
+    )
+    write_tree(b12x_base, {"b12x/comm.py": b"C = 1\n"})
+    patches = load_series(root)
+    calls: dict[str, list[tuple[bytes, list[str]]]] = {"vllm": [], "b12x": []}
+
+    def runner_for(target: str):
+        def runner(tree, changed, tests, keyword=None) -> TestRun:
+            source = tree / ("vllm/mod.py" if target == "vllm" else "b12x/comm.py")
+            calls[target].append((source.read_bytes(), list(tests)))
+            return TestRun(tuple(tests), True, "1 passed")
+
+        return runner
+
+    results = check_standalone(
+        patches,
+        patches,
+        mboxes_for(root),
+        {"vllm": base, "b12x": b12x_base},
+        tmp_path / "w",
+        run_tests={"vllm": runner_for("vllm"), "b12x": runner_for("b12x")},
+        require_tests=True,
+    )
+    assert calls == {
+        "vllm": [(b"V = 2\n", ["tests/test_mod.py"])],
+        "b12x": [(b"C = 2\n", ["tests/test_comm.py"])],
+    }
+    assert [r.passed for r in results] == [True, True, False]
+    assert any("adds or changes no test module" in p for p in results[2].problems)
 
 
 def fake_install(tmp_path: Path) -> Path:
@@ -253,6 +377,19 @@ def test_overlay_runner_imports_the_patched_package(tmp_path: Path, patched: boo
     assert ("1 passed" in run.summary) is patched
 
 
+def test_overlay_runner_passes_the_keyword_and_fails_an_empty_selection(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    two = b"def test_kept():\n    pass\n\n\ndef test_dropped():\n    assert False\n"
+    write_tree(tree, {"vllm/__init__.py": b"", "tests/test_two.py": two})
+    runner = OverlayTestRunner(workdir=tmp_path, installed=fake_install(tmp_path), timeout_s=300)
+    whole = runner(tree, [], ["tests/test_two.py"])
+    kept = runner(tree, [], ["tests/test_two.py"], keyword="kept")
+    none = runner(tree, [], ["tests/test_two.py"], keyword="no_such_test")
+    assert whole.ok is False and "1 failed" in whole.summary
+    assert kept.ok is True and "1 passed" in kept.summary and "1 deselected" in kept.summary
+    assert none.ok is False and none.summary == "-k 'no_such_test' selects no test"
+
+
 def test_runner_reports_a_module_skipped_on_cpu_as_not_run(tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     skipped = b'import pytest\n\npytest.skip("CUDA required", allow_module_level=True)\n'
@@ -260,6 +397,20 @@ def test_runner_reports_a_module_skipped_on_cpu_as_not_run(tmp_path: Path) -> No
     runner = OverlayTestRunner(workdir=tmp_path, installed=fake_install(tmp_path))
     run = runner(tree, [], ["tests/test_gpu.py"])
     assert run.ok is None and run.summary == "not run on CPU: CUDA required"
+
+
+def test_overlay_runner_overlays_the_targets_package(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    write_tree(site, {"b12x/__init__.py": b"", "b12x/comm.py": b"C = 1\n"})
+    tree = tmp_path / "tree"
+    test = b"import b12x.comm\n\n\ndef test_c():\n    assert b12x.comm.C == 2\n"
+    write_tree(tree, {"b12x/comm.py": b"C = 2\n", "tests/test_comm.py": test})
+    runner = OverlayTestRunner(workdir=tmp_path, extra_path=str(site), package="b12x")
+    missing = runner(tree, ["b12x/comm.py"], ["tests/test_comm.py"])
+    assert missing.ok is None and missing.summary.endswith("has no b12x installed")
+    runner = OverlayTestRunner(workdir=tmp_path, installed=site / "b12x", package="b12x")
+    run = runner(tree, ["b12x/comm.py"], ["tests/test_comm.py"])
+    assert run.ok is True and "1 passed" in run.summary, run.output_tail
 
 
 def test_runner_without_vllm_reports_not_run(tmp_path: Path) -> None:
@@ -463,3 +614,179 @@ def test_first_real_series_patch_applies_standalone_on_the_pinned_sdist(tmp_path
     assert result.tests is not None and result.tests.ok is None  # no runner: reported, not run
     own_tests = tuple(p for p in patch.paths if p.startswith("tests/") and p.endswith(".py"))
     assert set(result.tests.files) <= set(own_tests)
+
+
+# -- issue 30: every patch standalone on the pinned base *with its tests* --------------------
+
+
+def test_plan_test_paths_are_the_vllm_tree_tests_the_test_plan_names() -> None:
+    description = (
+        "Why.\n\nTest Plan: TRITON_INTERPRET=1 pytest tests/v1/a/test_x.py \\\n"
+        "  tests/test_y.py -q; dcp-series proofs: pytest proofs/test_p.py "
+        "evidence/tests/test_e.py tests/v1/a/test_x.py\n\nTest Result: 3 passed in tests/z.py"
+    )
+    data = patch_bytes({"a.py": (LINES, LINES + b"x\n")}, description=description)
+    patch, problems = parse_patch("vllm/0001-a.patch", data)
+    assert patch is not None, problems
+    assert plan_test_paths(patch) == ("tests/v1/a/test_x.py", "tests/test_y.py")
+
+
+def plan_repo(tmp_path: Path, *, declare: bool) -> tuple[Path, Path]:
+    """0001 adds tests/test_one.py; 0002's Test Plan runs it too (declared or not)."""
+    one = patch_bytes(
+        {
+            "a.py": (LINES, LINES.replace(b"line 5\n", b"five\n")),
+            "tests/test_one.py": (None, b"def test_one():\n    pass\n"),
+        },
+        subject="[PATCH] [Core] One",
+        description="Why.\n\nTest Plan: pytest tests/test_one.py\n\nTest Result: 1 passed",
+    )
+    two = patch_bytes(
+        {
+            "b.py": (LINES, LINES.replace(b"line 9\n", b"nine\n")),
+            "tests/test_two.py": (None, b"def test_two():\n    pass\n"),
+        },
+        subject="[PATCH] [Core] Two",
+        description="Why.\n\nTest Plan: pytest tests/test_two.py tests/test_one.py\n\n"
+        "Test Result: 2 passed",
+        depends=("vllm/0001-one.patch",) if declare else (),
+    )
+    bare = patch_bytes({"b.py": (LINES, LINES + b"end\n")}, subject="[PATCH] [Core] Bare")
+    root, base = tmp_path / "repo", tmp_path / "base"
+    write_repo(
+        root,
+        base,
+        {"a.py": LINES, "b.py": LINES},
+        [
+            ("vllm/0001-one.patch", one),
+            ("vllm/0002-two.patch", two),
+            ("vllm/0003-bare.patch", bare),
+        ],
+    )
+    return root, base
+
+
+@pytest.mark.parametrize("declare", [True, False])
+def test_a_test_plan_naming_a_test_another_patch_adds_is_not_standalone(
+    tmp_path: Path, declare: bool
+) -> None:
+    root, base = plan_repo(tmp_path, declare=declare)
+    patches = load_series(root)
+    results = check_standalone(patches, patches, mboxes_for(root), {"vllm": base}, tmp_path / "w")
+    two = {r.name: r for r in results}["vllm/0002-two.patch"]
+    assert two.verdict == "ok"  # it applies alone: only its Test Plan needs 0001
+    assert two.passed is declare
+    if not declare:
+        assert two.problems == (
+            "tests/test_one.py (named by its Test Plan) is not in the base with only this patch "
+            "and its Depends-on applied",
+        )
+        assert "tests/test_one.py (named by its Test Plan)" in "\n".join(table(results))
+
+
+def test_require_tests_fails_a_patch_without_its_own_test_module(tmp_path: Path) -> None:
+    root, base = plan_repo(tmp_path, declare=True)
+    patches = load_series(root)
+    mboxes = mboxes_for(root)
+    loose = check_standalone(patches, patches, mboxes, {"vllm": base}, tmp_path / "a")
+    strict = check_standalone(
+        patches, patches, mboxes, {"vllm": base}, tmp_path / "b", require_tests=True
+    )
+    assert [r.passed for r in loose] == [True, True, True]
+    assert [r.passed for r in strict] == [True, True, False]
+    assert strict[2].problems == (
+        "adds or changes no test module under tests/ (each patch brings its own)",
+    )
+    # only targets whose tests run are held to it
+    other = check_standalone(
+        patches,
+        patches,
+        mboxes,
+        {"vllm": base},
+        tmp_path / "c",
+        require_tests=True,
+        test_targets=("b12x",),
+    )
+    assert all(r.passed for r in other)
+
+
+ENV_TEST = b"""import os
+
+import vllm.mod
+
+
+def test_env_and_patch():
+    assert os.environ["DCP_EXPORT_CHECK_ENV"] == "on"
+    assert vllm.mod.VALUE == 2
+"""
+
+
+def test_cli_export_check_json_records_base_python_env_and_verdicts(
+    tmp_path: Path, capsys, git_user, monkeypatch
+) -> None:
+    import patchset.export as export
+    from patchset.cli import main
+
+    data = patch_bytes(
+        {"vllm/mod.py": (b"VALUE = 1\n", b"VALUE = 2\n"), "tests/test_mod.py": (None, ENV_TEST)},
+        subject="[PATCH] [Core] Value",
+        description="Why.\n\nTest Plan: pytest tests/test_mod.py\n\nTest Result: 1 passed",
+    )
+    root, base = tmp_path / "repo", tmp_path / "base"
+    write_repo(
+        root,
+        base,
+        {"vllm/__init__.py": b"", "vllm/mod.py": b"VALUE = 1\n"},
+        [("vllm/0001-value.patch", data)],
+    )
+    (root / "pins.toml").write_text("schema_version = 1\n")
+    installed = fake_install(tmp_path)
+    monkeypatch.setattr(export, "installed_package_dir", lambda *_a, **_k: installed)
+    out = tmp_path / "out"
+    argv = ["-C", str(root), "export", "--check", "--to", str(out), "--base", f"vllm={base}"]
+    argv += ["--test-python", sys.executable, "--json", str(tmp_path / "r" / "check.json")]
+    assert main([*argv, "--require-tests"]) == 1  # the test needs the environment variable
+    failed = json.loads((tmp_path / "r" / "check.json").read_text())
+    assert failed["summary"]["tests_failed"] == ["vllm/0001-value.patch"]
+    assert failed["summary"]["passed"] is False
+    assert main([*argv, "--require-tests", "--test-env", "DCP_EXPORT_CHECK_ENV=on"]) == 0
+    record = json.loads((tmp_path / "r" / "check.json").read_text())
+    assert record["schema_version"] == 1 and record["require_tests"] is True
+    assert record["bases"] == {"vllm": {"tree": str(base.resolve()), "given": True}}
+    assert record["tests"]["env"] == {"DCP_EXPORT_CHECK_ENV": "on"}
+    assert record["tests"]["python"] == sys.executable
+    [patch] = record["patches"]
+    assert (patch["name"], patch["verdict"], patch["passed"]) == (
+        "vllm/0001-value.patch",
+        "ok",
+        True,
+    )
+    assert patch["tests"]["ok"] is True and "1 passed" in patch["tests"]["summary"]
+    assert patch["tests"]["seconds"] >= 0
+    assert record["summary"]["tests_passed"] == 1 and record["summary"]["passed"] is True
+    assert record["command"][:3] == ["patchset", "-C", str(root)]
+    assert main([*argv, "--test-env", "NOT A PAIR"]) == 1
+    assert "expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_check_record_counts_each_outcome() -> None:
+    from patchset.export import Standalone
+
+    results = [
+        Standalone("vllm/0001-a.patch", "ok", (), tests=TestRun(("tests/t.py",), True, "1 passed")),
+        Standalone("vllm/0002-b.patch", "needs", (), needs=("vllm/0001-a.patch",)),
+        Standalone("vllm/0003-c.patch", "ok", (), tests=TestRun(("tests/u.py",), None, "not run")),
+        Standalone("vllm/0004-d.patch", "fails", (), problems=("git said no",)),
+    ]
+    record = check_record(results, bases={}, tests=None, require_tests=False, command=[], seconds=1)
+    assert record["summary"] == {
+        "patches": 4,
+        "standalone_ok": 2,
+        "needs": ["vllm/0002-b.patch"],
+        "does_not_apply": ["vllm/0004-d.patch"],
+        "tests_passed": 1,
+        "tests_failed": [],
+        "tests_not_run": ["vllm/0003-c.patch"],
+        "without_tests": ["vllm/0002-b.patch", "vllm/0004-d.patch"],
+        "passed": False,
+    }

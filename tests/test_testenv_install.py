@@ -17,18 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import load_tree_tests
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _load_tree_tests() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "vllm_tree_tests", REPO / "tests/vllm_tree_tests.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _wheel_with_receipt(dist: Path, name: str, receipt: str, version: str) -> Path:
@@ -50,7 +41,7 @@ def _wheel_with_receipt(dist: Path, name: str, receipt: str, version: str) -> Pa
 
 @pytest.fixture
 def recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[list[str]]]:
-    module = _load_tree_tests()
+    module = load_tree_tests()
     calls: list[list[str]] = []
 
     def run(cmd: list[str], **_kwargs: Any) -> subprocess.CompletedProcess[bytes]:
@@ -154,7 +145,7 @@ def test_a_disk_without_room_for_a_fresh_venv_is_refused_before_pip(
 
 
 def test_free_space_is_read_from_the_nearest_existing_folder(tmp_path: Path) -> None:
-    module = _load_tree_tests()
+    module = load_tree_tests()
     assert module.free_gib(tmp_path / "not" / "yet") == module.free_gib(tmp_path)
     assert module.lacks_space(tmp_path / "venv", need_gib=0) is None
     assert "GiB free" in module.lacks_space(tmp_path / "venv", need_gib=10**9)

@@ -16,7 +16,9 @@ Three steps, each a subcommand (``make test`` runs them in this order):
           the vllm patches that exist after the series).
 ``run``   copy the tree's ``tests/`` into a temporary directory (so the tree's ``vllm/`` source
           directory is never importable), and run exactly those files with the environment's
-          Python; every file is printed before it runs and pytest reports every outcome.
+          Python: whole, or with the Test Plans' ``-k`` where every patch touching the file
+          selects from it (``series_test_selection``); every file is printed before it runs
+          and pytest reports every outcome.
 
 The marker ``<venv>/dcp-wheel.json`` records the installed wheel's file name and sha256; the
 end-to-end tests read it to find the environment and prove what it imports.
@@ -39,7 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
 
 from patchset.errors import PatchsetError  # noqa: E402
-from patchset.export import HF_HOST, hub_offline_env  # noqa: E402
+from patchset.export import HF_HOST, hub_offline_env, plan_selections  # noqa: E402
 from patchset.fetch import pinned_file  # noqa: E402
 from patchset.hashing import sha256_file  # noqa: E402
 from patchset.installreqs import install_requirements  # noqa: E402
@@ -97,6 +99,34 @@ def series_test_files(root: Path, tree: Path) -> list[str]:
         and path.endswith(".py")
         and (tree / path).is_file()
     )
+
+
+def series_test_selection(root: Path, tree: Path) -> dict[str, str | None]:
+    """Each of ``series_test_files`` -> the ``-k`` expression to run it with, or None (whole).
+
+    A file runs whole when a patch that touches it names no ``-k`` for it in its Test Plan
+    (e.g. a test module the patch adds); a file every touching patch selects from (an upstream
+    module such as ``tests/test_config.py`` with the patch's tests added to it) runs with the
+    union of those selections: the rest of that module is upstream's, checked against the
+    stock baseline by ``upstream_tests.py``."""
+    files = set(series_test_files(root, tree))
+    keywords: dict[str, list[str] | None] = {}
+    for patch in for_target(load_series(root), "vllm"):
+        chosen = plan_selections(patch)
+        for f in patch.files:
+            if f.path not in files:
+                continue
+            keyword = chosen.get(f.path)
+            if keyword is None:
+                keywords[f.path] = None
+                continue
+            known = keywords.setdefault(f.path, [])
+            if known is not None:
+                known.append(keyword)
+    return {
+        path: None if ks is None else " or ".join(f"({k})" for k in dict.fromkeys(ks))
+        for path, ks in sorted(keywords.items())
+    }
 
 
 def venv_python(venv: Path) -> Path:
@@ -226,7 +256,8 @@ def install_fresh(venv: Path, wheel: Path, b12x: Path, env: dict[str, str]) -> i
 
 
 def run_tests(root: Path, tree: Path, venv: Path, pytest_args: Sequence[str]) -> int:
-    files = series_test_files(root, tree)
+    selection = series_test_selection(root, tree)
+    files = list(selection)
     if not files:
         print("vLLM-tree tests: the series adds no test files under tests/: nothing to run")
         return 0
@@ -236,7 +267,16 @@ def run_tests(root: Path, tree: Path, venv: Path, pytest_args: Sequence[str]) ->
         return 1
     print(f"vLLM-tree tests: {len(files)} file(s) from the series, against {marker['filename']}")
     for path in files:
-        print(f"  {path}")
+        print(f"  {path}" + ("" if selection[path] is None else f"  -k {selection[path]!r}"))
+    # One pytest run for the files that run whole, one per selected file.
+    runs: list[tuple[list[str], list[str]]] = []
+    whole = [path for path in files if selection[path] is None]
+    if whole:
+        runs.append(([], whole))
+    for path in files:
+        keyword = selection[path]
+        if keyword is not None:
+            runs.append((["-k", keyword], [path]))
     with tempfile.TemporaryDirectory(prefix="vllm-tree-tests-") as tmp:
         work = Path(tmp)
         shutil.copytree(tree / "tests", work / "tests", symlinks=True)
@@ -257,8 +297,16 @@ def run_tests(root: Path, tree: Path, venv: Path, pytest_args: Sequence[str]) ->
             )
         cmd = [str(venv_python(venv)), "-m", "pytest", "-v", "-rfEs", "-p", "no:cacheprovider"]
         cmd += [f"--timeout={TEST_TIMEOUT_S}"]
-        proc = subprocess.run([*cmd, *pytest_args, *files], cwd=work, env=env, check=False)
-    return proc.returncode
+        codes = []
+        for selecting, group in runs:
+            if selecting:
+                print(f"vLLM-tree tests: {group[0]} with the Test Plan's -k {selecting[1]!r}")
+            proc = subprocess.run(
+                [*cmd, *pytest_args, *selecting, *group], cwd=work, env=env, check=False
+            )
+            codes.append(proc.returncode)
+    # the first failure's code (pytest's 5, "no test selected", is a failure here too)
+    return next((code for code in codes if code != 0), 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,15 +2,20 @@
 # Regenerate results/rebase-<version>.json: `patchset rebase --onto vllm==<version> --dry-run`
 # over the series, which reports per patch clean / offsets / merged / conflict / absorbed.
 #
-#   tools/rebase_report.sh [VERSION] [--all-patches]
+#   tools/rebase_report.sh VERSION [--all-patches]
 #
-# VERSION defaults to 0.33.0. --all-patches runs on a temporary copy of the checkout whose
-# series lists every patches/vllm/*.patch in number order (for use while `series` does not list
-# them yet); patches whose Depends-on is missing from patches/ are left out and named.
+# VERSION (required) is the release to try, newer than the pinned base. --all-patches runs on a
+# temporary copy of the checkout whose series lists every patches/vllm/*.patch in number order
+# (for use while `series` does not list them yet); patches whose Depends-on is missing from
+# patches/ are left out and named.
 # Needs network once for the sdist (pip; cached under .cache/patchset/rebase, pinned by sha256).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-version=${1:-0.33.0}
+version=${1:-}
+if [ -z "$version" ]; then
+    echo "usage: tools/rebase_report.sh VERSION [--all-patches] (the vLLM release to try)" >&2
+    exit 2
+fi
 all=${2:-}
 py=${PATCHSET_PYTHON:-.venv/bin/python}
 out=results/rebase-${version}.json

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from patchset import __version__, crashpoint, journal
 from patchset.apply import apply_series, recover_tree, stack_reader, unapply_series
-from patchset.errors import LockError, NothingToDo, PatchsetError, TreeStateError
+from patchset.errors import LockError, NothingToDo, PatchsetError, PinError, TreeStateError
 from patchset.journal import os_error_text
 from patchset.lockfile import (
     BaseReader,
@@ -479,22 +481,39 @@ def _pristine_bases(
     return bases
 
 
+def _test_env(specs: Sequence[str] | None) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for spec in specs or []:
+        key, sep, value = spec.partition("=")
+        if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            raise PatchsetError(f"--test-env {spec!r}: expected KEY=VALUE")
+        env[key] = value
+    return env
+
+
 def cmd_export(args: argparse.Namespace, repo: Path) -> int:
     import tempfile
+    import time
 
     from patchset.export import (
         OverlayTestRunner,
+        check_record,
         check_standalone,
         export_patches,
         mbox_bytes,
+        python_package_version,
         select,
         signer_identity,
         table,
+        test_run_record,
     )
-    from patchset.rebase import refuse_inside_series
+    from patchset.pins import load_pins
+    from patchset.rebase import pinned_version, refuse_inside_series
 
+    started = time.monotonic()
     dest = Path(args.to).resolve() if args.to else repo / "dist" / "export"
     refuse_inside_series(repo, dest, "--to")  # the arguments first, then the environment
+    env = _test_env(args.test_env)
     signer = signer_identity(repo)
     with repo_lock(repo):  # the series, its patch files and the mboxes made from them agree
         series = load_series(repo)
@@ -512,22 +531,60 @@ def cmd_export(args: argparse.Namespace, repo: Path) -> int:
     if not args.check:
         return 1 if failed else 0
     mboxes = {p.name: mbox_bytes(p, patch_bytes[p.name], signer) for p in series}
-    bases = _pristine_bases(args, repo, [p.target for p in selected])
+    targets = list(dict.fromkeys(p.target for p in selected))
+    bases = _pristine_bases(args, repo, targets)
+    given = {spec.rpartition("=")[0] or "vllm" for spec in args.base or []}
+    try:  # what the bases are pinned at, for the record (--base trees need no pins)
+        pins = load_pins(repo / "pins.toml")
+    except PinError:
+        pins = None
+    base_info: dict[str, dict[str, object]] = {}
+    for target in targets:
+        info: dict[str, object] = {"tree": str(bases[target]), "given": target in given}
+        if pins is not None and any(p.target == target and p.kind == "sdist" for p in pins):
+            pin = pins.get(target, "sdist")
+            info.update(version=pinned_version(pin), sdist=pin.filename, sha256=pin.sha256)
+        base_info[target] = info
+        where = "the tree given with --base" if target in given else "the pinned sdist"
+        _info(f"Base of {target}: {info.get('version', '?')} ({where}: {bases[target]})")
     (repo / "build").mkdir(exist_ok=True)
+    tests_info: dict[str, object] | None = None
     with tempfile.TemporaryDirectory(dir=repo / "build", prefix="export-check-") as tmp:
         runner = None
         if not args.no_tests:
             python = args.test_python
             if "/" in python:  # a path: the tests run in another directory
                 python = str(Path(python).absolute())
-            runner = OverlayTestRunner(
-                python=python,
-                workdir=Path(tmp),
-                extra_path=args.test_path or "",
-                timeout_s=args.test_timeout,
-            )
+            # one runner per target: each overlays the target's own import package
+            runner = {
+                target: OverlayTestRunner(
+                    python=python,
+                    workdir=Path(tmp),
+                    extra_path=args.test_path or "",
+                    timeout_s=args.test_timeout,
+                    env=env,
+                    package=target,
+                )
+                for target in targets
+            }
+            versions = {target: python_package_version(python, target) for target in targets}
+            tests_info = {
+                "python": python,
+                **versions,
+                "env": env,
+                "timeout_s": args.test_timeout,
+            }
+            shown = ", ".join(f"{t} {v}" for t, v in versions.items())
+            _info(f"Tests: {python} ({shown}), env {env or '{}'}")
         results = check_standalone(
-            series, selected, mboxes, bases, Path(tmp), run_tests=runner, log=_info
+            series,
+            selected,
+            mboxes,
+            bases,
+            Path(tmp),
+            run_tests=runner,
+            require_tests=args.require_tests,
+            log=_info,
         )
     for line in table(results):
         _info(line)
@@ -537,9 +594,7 @@ def cmd_export(args: argparse.Namespace, repo: Path) -> int:
             "verdict": r.verdict,
             "needs": list(r.needs),
             "depends_on": list(r.depends_on),
-            "tests": None
-            if r.tests is None
-            else {"files": list(r.tests.files), "ok": r.tests.ok, "summary": r.tests.summary},
+            "tests": test_run_record(r.tests),
         }
         for r in results
     }
@@ -549,6 +604,21 @@ def cmd_export(args: argparse.Namespace, repo: Path) -> int:
             _info(f"== {r.name}: test output")
             for line in r.tests.output_tail:
                 _info(f"   {line}")
+    if args.json:
+        record = check_record(
+            results,
+            bases=base_info,
+            tests=tests_info,
+            require_tests=args.require_tests,
+            command=["patchset", *args.argv],
+            seconds=time.monotonic() - started,
+        )
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp_out = out.with_name(f".{out.name}.tmp")
+        tmp_out.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp_out, out)
+        _info(f"Wrote {out}")
     return 1 if failed or not all(r.passed for r in results) else 0
 
 
@@ -588,6 +658,8 @@ def cmd_rebase(args: argparse.Namespace, repo: Path) -> int:
             wheel=Path(args.wheel).resolve() if args.wheel else None,
             workdir=repo / "build",
             keep=args.keep,
+            workspace=Path(args.workspace) if args.workspace else None,
+            test_python=args.test_python,
             log=_info,
         )
     for line in report.table():
@@ -618,10 +690,23 @@ def _add_upstream_commands(sub: argparse._SubParsersAction) -> None:  # type: ig
     p.add_argument(
         "--test-python",
         default=sys.executable,
-        help="a python with vLLM (and its test deps) installed (default: this one)",
+        help="a python with vLLM (and its test deps) installed, and b12x for b12x patches "
+        "(default: this one)",
     )
     p.add_argument("--test-path", help="extra PYTHONPATH entries for the tests")
     p.add_argument("--no-tests", action="store_true", help="check application only")
+    p.add_argument(
+        "--test-env",
+        action="append",
+        metavar="KEY=VALUE",
+        help="environment for the tests (repeatable; e.g. TRITON_INTERPRET=1)",
+    )
+    p.add_argument(
+        "--require-tests",
+        action="store_true",
+        help="a vllm patch that adds or changes no test module under tests/ fails the check",
+    )
+    p.add_argument("--json", help="also write the check (bases, python, verdicts) to this file")
     p.add_argument(
         "--test-timeout", type=int, default=1800, help="seconds per patch's tests (default 1800)"
     )
@@ -643,11 +728,25 @@ def _add_upstream_commands(sub: argparse._SubParsersAction) -> None:  # type: ig
     p.add_argument("--wheel", help="use this wheel file instead of pip (without --dry-run)")
     p.add_argument("--json", help="also write the report as JSON to this file")
     p.add_argument("--keep", action="store_true", help="keep the scratch git repository")
+    p.add_argument(
+        "--workspace",
+        metavar="DIR",
+        help="leave the workspace for the hand work there (also with --dry-run): a git repo "
+        "old-base/old/new-base/new, a work tree per conflicting patch with its 3-way conflicts "
+        "in place, run-tests and an opt-in make-venv; an existing one made from the same bases "
+        "and patch files is verified and reused, anything else refused",
+    )
+    p.add_argument(
+        "--test-python",
+        help="a python with the new release installed, for the workspace's run-tests "
+        "(checked: its installed version must be the new one)",
+    )
     p.set_defaults(func=cmd_rebase)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     crashpoint.reset()
     try:
         repo = Path(args.repo).resolve() if args.repo else find_repo(Path.cwd().resolve())

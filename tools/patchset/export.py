@@ -25,7 +25,8 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Protocol
@@ -107,6 +108,41 @@ def test_files(patch: Patch) -> tuple[str, ...]:
         and f.path.startswith("tests/")
         and re.search(r"(^|/)(test_[^/]*|[^/]*_test)\.py$", f.path)
     )
+
+
+_PLAN_TEST = re.compile(r"(?<![\w./-])tests/[\w./-]*\.py\b")
+
+
+def plan_test_paths(patch: Patch) -> tuple[str, ...]:
+    """The vLLM-tree test files (``tests/...py``) the Test Plan names, in order, once each.
+
+    Paths of the dcp-series checkout (``proofs/...``, ``evidence/tests/...``) do not count:
+    only a path that starts with ``tests/`` is one the PR's reviewer can run."""
+    plan = split_description(patch.header.description).test_plan
+    return tuple(dict.fromkeys(m.group(0) for m in _PLAN_TEST.finditer(plan)))
+
+
+_PLAN_KEYWORD = re.compile(r"""(?:^|\s)-k(?:\s+|=)?(?:"([^"]*)"|'([^']*)'|([^\s;#()]+))""")
+_GPU_MARK = re.compile(r"\b(GPU|CUDA)\b")
+
+
+def plan_selections(patch: Patch) -> dict[str, str]:
+    """Test file -> the ``-k`` expression the Test Plan's CPU command selects in it.
+
+    A command is one Test Plan line (``\\``-continued lines joined, ``;`` separating two); a
+    command marked ``GPU`` or ``CUDA`` is not run by ``export --check`` and its ``-k`` does not
+    count. A file the Test Plan names without ``-k`` is absent: it runs whole."""
+    plan = split_description(patch.header.description).test_plan
+    selections: dict[str, str] = {}
+    for line in re.sub(r"\\[ \t]*\n", " ", plan).splitlines():
+        for command in line.split(";"):
+            match = _PLAN_KEYWORD.search(command)
+            if match is None or _GPU_MARK.search(command):
+                continue
+            keyword = next(g for g in match.groups() if g is not None)
+            for path in _PLAN_TEST.findall(command):
+                selections.setdefault(path, keyword)
+    return selections
 
 
 def export_problems(patch: Patch) -> list[str]:
@@ -312,10 +348,37 @@ class TestRun:
     ok: bool | None
     summary: str
     output_tail: tuple[str, ...] = ()
+    seconds: float | None = None
+    selections: tuple[tuple[str, str], ...] = ()
+    """(file, ``-k`` expression) for the files the Test Plan runs with a selection."""
 
 
 class TestRunner(Protocol):
-    def __call__(self, tree: Path, changed: Sequence[str], tests: Sequence[str]) -> TestRun: ...
+    def __call__(
+        self, tree: Path, changed: Sequence[str], tests: Sequence[str], keyword: str | None = None
+    ) -> TestRun: ...
+
+
+def combine_runs(runs: Sequence[tuple[str | None, TestRun]]) -> TestRun:
+    """One ``TestRun`` of several pytest invocations (one per ``-k`` selection, None = whole
+    files): failed if one failed, passed if none failed and one passed, else not run."""
+    if len(runs) == 1 and runs[0][0] is None:
+        return runs[0][1]
+    oks = [run.ok for _, run in runs]
+    ok = False if False in oks else True if True in oks else None
+    files = tuple(f for _, run in runs for f in run.files)
+    selections = tuple((f, k) for k, run in runs if k is not None for f in run.files)
+    summary = "; ".join((f"-k {k!r}: " if k is not None else "") + run.summary for k, run in runs)
+    tail = tuple(line for _, run in runs if run.ok is False for line in run.output_tail)
+    seconds = [run.seconds for _, run in runs if run.seconds is not None]
+    return TestRun(
+        files,
+        ok,
+        summary,
+        tail,
+        round(sum(seconds), 1) if seconds else None,
+        selections,
+    )
 
 
 Verdict = Literal["ok", "needs", "fails"]
@@ -357,13 +420,23 @@ def check_standalone(
     base_trees: dict[str, Path],
     workdir: Path,
     *,
-    run_tests: TestRunner | None = None,
+    run_tests: TestRunner | Mapping[str, TestRunner] | None = None,
     test_targets: Sequence[str] = ("vllm",),
+    require_tests: bool = False,
     log: Log = _quiet,
 ) -> list[Standalone]:
     """Apply each selected patch with ``git am`` to a scratch repo of its target's base plus its
-    declared dependencies; on failure find the undeclared earlier patches it needs. The
-    patch's own tests run (``run_tests``) for the targets in ``test_targets`` only."""
+    declared dependencies; on failure find the undeclared earlier patches it needs. Where it
+    applies, every ``tests/`` file its Test Plan names must be in that tree (else the Test
+    Plan cannot run standalone) and, with ``require_tests``, a patch of a target in
+    ``test_targets`` must add or change a test module. The patch's own tests run
+    (``run_tests``) for the targets in ``test_targets`` only; ``run_tests`` given as a mapping
+    (target -> runner) names those targets itself."""
+    if isinstance(run_tests, Mapping):
+        runners: dict[str, TestRunner] = dict(run_tests)
+        test_targets = tuple(runners)
+    else:
+        runners = {t: run_tests for t in test_targets} if run_tests is not None else {}
     results: list[Standalone] = []
     repos: dict[str, tuple[ScratchRepo, str]] = {}
     for patch in selected:
@@ -377,8 +450,18 @@ def check_standalone(
             repos[target] = (repo, base)
         repo, base = repos[target]
         log(f"Checking {patch.name} standalone")
-        runner = run_tests if target in test_targets else None
-        results.append(_check_one(repo, base, patch, patches, mboxes, runner))
+        runner = runners.get(target)
+        results.append(
+            _check_one(
+                repo,
+                base,
+                patch,
+                patches,
+                mboxes,
+                runner,
+                require_tests=require_tests and target in test_targets,
+            )
+        )
     return results
 
 
@@ -400,6 +483,8 @@ def _check_one(
     patches: tuple[Patch, ...],
     mboxes: dict[str, bytes],
     run_tests: TestRunner | None,
+    *,
+    require_tests: bool = False,
 ) -> Standalone:
     deps = dependency_closure(patch, patches)
     dep_names = tuple(p.name for p in deps)
@@ -423,14 +508,30 @@ def _check_one(
         problems.append(f"git am made subject {repo.subject()!r}, want {want!r}")
     if "Signed-off-by: " not in repo.message():
         problems.append("commit has no Signed-off-by after git am")
-    tests = None
     files = test_files(patch)
+    for path in (*files, *plan_test_paths(patch)):
+        if not (repo.path / path).is_file():
+            what = "its test module" if path in files else "named by its Test Plan"
+            problems.append(
+                f"{path} ({what}) is not in the base with only this patch and its Depends-on "
+                "applied"
+            )
+    if require_tests and not files:
+        problems.append("adds or changes no test module under tests/ (each patch brings its own)")
+    tests = None
     if run_tests is not None and files:
         # Every path the series touches is laid over the installed package from this tree
         # (base + dependencies + patch), so even a series-patched install runs standalone.
         series_paths = {path for p in patches if p.target == patch.target for path in p.paths}
         changed = sorted(set(repo.changed_paths(base, "HEAD")) | series_paths)
-        tests = run_tests(repo.path, changed, files)
+        # The Test Plan's ``-k`` selects within a file: run what the plan says, not more.
+        selections = plan_selections(patch)
+        groups: dict[str | None, list[str]] = {}
+        for path in files:
+            groups.setdefault(selections.get(path), []).append(path)
+        tests = combine_runs(
+            [(k, run_tests(repo.path, changed, group, keyword=k)) for k, group in groups.items()]
+        )
     elif files:
         tests = TestRun(files, None, "not run (no test runner)")
     return Standalone(patch.name, "ok", dep_names, problems=tuple(problems), tests=tests)
@@ -543,10 +644,11 @@ def hub_offline_env(host: str = HF_HOST, timeout: float = 5.0) -> dict[str, str]
 class OverlayTestRunner:
     """Run a patch's tests with ``python -m pytest`` against an installed vLLM plus the patch.
 
-    The installed package (``python``'s ``vllm``) is laid under the patched files in a symlink
-    overlay on ``PYTHONPATH``; the tree's ``tests/`` is copied next to nothing else, so pytest
-    cannot import the source tree's ``vllm/`` instead. ``extra_path`` is prepended to
-    ``PYTHONPATH`` after the overlay (e.g. vLLM test-only dependencies).
+    The installed package (``python``'s ``package``, e.g. ``vllm``) is laid under the patched
+    files in a symlink overlay on ``PYTHONPATH``; the tree's ``tests/`` is copied next to
+    nothing else, so pytest cannot import the source tree's package directory instead.
+    ``extra_path`` is prepended to ``PYTHONPATH`` after the overlay (e.g. vLLM test-only
+    dependencies).
     """
 
     python: str = sys.executable
@@ -555,13 +657,17 @@ class OverlayTestRunner:
     timeout_s: int = 1800
     env: dict[str, str] | None = None
     installed: Path | None = None
-    """The installed package directory (default: where ``python`` imports ``vllm`` from)."""
+    """The installed package directory (default: where ``python`` imports ``package`` from)."""
+    package: str = "vllm"
+    """The import package the patches change (the target's: ``vllm``, ``b12x``)."""
 
-    def __call__(self, tree: Path, changed: Sequence[str], tests: Sequence[str]) -> TestRun:
+    def __call__(
+        self, tree: Path, changed: Sequence[str], tests: Sequence[str], keyword: str | None = None
+    ) -> TestRun:
         files = tuple(tests)
-        installed = self.installed or installed_package_dir(self.python)
+        installed = self.installed or installed_package_dir(self.python, self.package)
         if installed is None:
-            return TestRun(files, None, f"not run: {self.python} has no vllm installed")
+            return TestRun(files, None, f"not run: {self.python} has no {self.package} installed")
         with tempfile.TemporaryDirectory(dir=self.workdir, prefix="tests-") as tmp:
             run = Path(tmp)
             overlay = overlay_package(installed, tree, changed, run)
@@ -569,6 +675,9 @@ class OverlayTestRunner:
             env = {**os.environ, **hub_offline_env(), **(self.env or {})}
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(overlay), self.extra_path) if p)
             argv = [self.python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *files]
+            if keyword is not None:
+                argv += ["-k", keyword]
+            started = time.monotonic()
             try:
                 proc = subprocess.run(
                     argv,
@@ -580,14 +689,23 @@ class OverlayTestRunner:
                     check=False,
                 )
             except subprocess.TimeoutExpired:
-                return TestRun(files, False, f"timed out after {self.timeout_s} s")
+                return TestRun(
+                    files, False, f"timed out after {self.timeout_s} s", seconds=self.timeout_s
+                )
+            seconds = round(time.monotonic() - started, 1)
         lines = (proc.stdout + proc.stderr).strip().splitlines()
         if proc.returncode == PYTEST_NO_TESTS:
             # Every test skipped itself at module level (e.g. "CUDA required"): not a CPU test.
             reasons = [line for line in lines if line.startswith("SKIPPED")]
+            if keyword is not None and not reasons:  # the Test Plan's -k matches nothing
+                return TestRun(
+                    files, False, f"-k {keyword!r} selects no test", tuple(lines[-15:]), seconds
+                )
             why = reasons[0].split(": ", 1)[-1] if reasons else pytest_summary(lines)
-            return TestRun(files, None, f"not run on CPU: {why}", tuple(lines[-15:]))
-        return TestRun(files, proc.returncode == 0, pytest_summary(lines), tuple(lines[-15:]))
+            return TestRun(files, None, f"not run on CPU: {why}", tuple(lines[-15:]), seconds)
+        return TestRun(
+            files, proc.returncode == 0, pytest_summary(lines), tuple(lines[-15:]), seconds
+        )
 
 
 def pytest_summary(lines: Sequence[str]) -> str:
@@ -608,3 +726,83 @@ def table(results: Sequence[Standalone]) -> list[str]:
         rows.append((r.name, r.describe(), tests))
     widths = [max(len(row[i]) for row in rows) for i in range(2)]
     return [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c}".rstrip() for a, b, c in rows]
+
+
+def python_package_version(python: str, package: str = "vllm") -> str | None:
+    """The installed distribution version of ``package`` for ``python`` (None: not installed)."""
+    code = "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))"
+    try:
+        proc = subprocess.run(
+            [python, "-c", code, package], capture_output=True, text=True, check=False, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (proc.stdout.strip() or None) if proc.returncode == 0 else None
+
+
+CHECK_SCHEMA_VERSION = 1
+
+
+def test_run_record(tests: TestRun | None) -> dict[str, object] | None:
+    """A patch's test run as JSON (None: the patch has no tests to run)."""
+    if tests is None:
+        return None
+    return {
+        "files": list(tests.files),
+        "ok": tests.ok,
+        "summary": tests.summary,
+        "selections": dict(tests.selections),
+        "seconds": tests.seconds,
+    }
+
+
+def check_record(
+    results: Sequence[Standalone],
+    *,
+    bases: dict[str, dict[str, object]],
+    tests: dict[str, object] | None,
+    require_tests: bool,
+    command: Sequence[str],
+    seconds: float,
+) -> dict[str, object]:
+    """The standalone check as one JSON document (``export --check --json``): what was checked
+    against what (each target's base pin, the test python and its vLLM, the environment the
+    tests got), each patch's verdict and test summary, and the totals."""
+    from patchset import __version__
+
+    patches = []
+    for r in results:
+        patches.append(
+            {
+                "name": r.name,
+                "verdict": r.verdict,
+                "standalone": r.describe(),
+                "depends_on": list(r.depends_on),
+                "needs": list(r.needs),
+                "problems": list(r.problems),
+                "passed": r.passed,
+                "tests": test_run_record(r.tests),
+            }
+        )
+    ran = [r.tests for r in results if r.tests is not None]
+    return {
+        "schema_version": CHECK_SCHEMA_VERSION,
+        "tool": f"patchset {__version__}",
+        "command": list(command),
+        "bases": bases,
+        "tests": tests,
+        "require_tests": require_tests,
+        "patches": patches,
+        "summary": {
+            "patches": len(results),
+            "standalone_ok": sum(1 for r in results if r.verdict == "ok" and not r.problems),
+            "needs": [r.name for r in results if r.verdict == "needs"],
+            "does_not_apply": [r.name for r in results if r.verdict == "fails"],
+            "tests_passed": sum(1 for t in ran if t.ok is True),
+            "tests_failed": [r.name for r in results if r.tests and r.tests.ok is False],
+            "tests_not_run": [r.name for r in results if r.tests and r.tests.ok is None],
+            "without_tests": [r.name for r in results if r.tests is None],
+            "passed": all(r.passed for r in results),
+        },
+        "wall_s": round(seconds, 1),
+    }

@@ -108,10 +108,11 @@ class ApplyCheck:
 
 
 class ScratchRepo:
-    """A git repository with a work tree at ``path``, made and owned by patchset."""
+    """A git repository with a work tree at ``path``, made and owned by patchset (or a linked
+    work tree of one, whose ``.git`` is a file: :meth:`add_worktree`)."""
 
     def __init__(self, path: Path):
-        if not (path / ".git").is_dir():
+        if not (path / ".git").is_dir() and not (path / ".git").is_file():
             raise ExternalToolError(f"{path}: not a scratch git repository (no .git directory)")
         self.path = path
 
@@ -275,8 +276,23 @@ class ScratchRepo:
 
     def abort_am(self) -> None:
         """Abort a ``git am`` session left by a failed :meth:`am` (no-op without one)."""
-        if (self.path / ".git" / "rebase-apply").exists():
+        if self.am_in_progress():
             self.git("am", "--abort")
+
+    def am_in_progress(self) -> bool:
+        """Whether a ``git am`` session is open in this work tree (its own, in a linked one)."""
+        dot_git = self.path / ".git"
+        git_dir = (
+            dot_git
+            if dot_git.is_dir()
+            else Path(self.git("rev-parse", "--absolute-git-dir").strip())
+        )
+        return (git_dir / "rebase-apply").exists()
+
+    def add_worktree(self, path: Path, branch: str, rev: str) -> ScratchRepo:
+        """``git worktree add -b branch path rev``: a linked work tree on a new branch."""
+        self.git("worktree", "add", "-q", "-b", branch, str(path), rev)
+        return ScratchRepo(path)
 
     def apply_check(self, patch: bytes, *, reverse: bool = False) -> ApplyCheck:
         """``git apply --check -v`` against the work tree (exact; reports moved hunks)."""

@@ -23,6 +23,7 @@ written to a new directory (series, refreshed patches, pins.toml, series.lock, t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -599,6 +600,8 @@ def run_rebase(
     old_tree: Path | None = None,
     workdir: Path | None = None,
     keep: bool = False,
+    workspace: Path | None = None,
+    test_python: str | None = None,
     pip: PipRunner = run_pip,
     log: Log = _quiet,
 ) -> RebaseReport:
@@ -607,7 +610,12 @@ def run_rebase(
     Reads the series, pins and patches of ``root`` and never writes there (the download cache
     aside). ``sdist``/``wheel`` use local files instead of pip; ``old_tree`` replaces the
     pristine unpack of the current pin; ``keep`` keeps the scratch repository and logs it.
+    ``workspace`` (also with ``dry_run``: it is asked for explicitly) leaves the persistent
+    workspace of :mod:`patchset.workspace` there, or reuses the one there when it was made
+    from the same bases and patch files; ``test_python`` (its installed package must be the
+    new release) is the python its ``run-tests`` uses.
     """
+    from patchset import workspace as ws
     from patchset.fetch import cache_dir, pristine_tree
     from patchset.pins import load_pins
     from patchset.series import for_target, load_series
@@ -630,13 +638,45 @@ def run_rebase(
             f"refusing to write the rebased series into existing {dest}",
             hint="choose a new directory with --to (the current series is never overwritten)",
         )
+    revision = None
+    if workspace is not None:
+        workspace = workspace.absolute()
+        refuse_inside_series(root, workspace, "--workspace")
+        if workspace.exists() or workspace.is_symlink():
+            ws.read_manifest(workspace)  # a directory that is no workspace: refused first
+        else:
+            revision = ws.refuse_dirty_checkout(root)
+        if test_python is not None:
+            test_python = ws.test_python_version(test_python, version, target)
     new_pin = release_pins(old_pin, version)
     cache = cache_dir(root) / "rebase"
     archive, digest = fetch_release(new_pin, cache, source=sdist, pip=pip, log=log)
     log(f"Pinned {new_pin.filename} sha256 {digest}")
     base_tree = old_tree or pristine_tree(target, root=root)
-    tmp = Path(tempfile.mkdtemp(dir=workdir, prefix=f"rebase-{target}-{version}-"))
+    origin = ws.origin_of(
+        target,
+        (old_version, old_pin.sha256),
+        (version, digest),
+        data,
+        [p.name for p in patches],
+    )
+    stack = contextlib.ExitStack()
+    staged: Path | None = None
+    tmp: Path | None = None
     try:
+        if workspace is not None:
+            stack.enter_context(ws.workspace_lock(workspace))
+            for leftover in ws.remove_leftovers(workspace):
+                log(f"Removed {leftover}, left by a killed run")
+            if workspace.exists():
+                ws.check_reusable(workspace, origin)
+                log(
+                    f"Reusing the workspace {workspace}: made from the same bases and patch "
+                    "files, its branches and work trees verified; nothing in it is written"
+                )
+            else:
+                staged = ws.staging_dir(workspace)
+        tmp = Path(tempfile.mkdtemp(dir=workdir, prefix=f"rebase-{target}-{version}-"))
         new_tree = tmp / "new-base"
         extract_sdist(archive, new_pin.top_dir or "", new_tree)
         outcomes = replay(
@@ -644,7 +684,7 @@ def run_rebase(
             data,
             base_tree,
             new_tree,
-            tmp,
+            staged or tmp,
             labels=(f"{target} {old_version}", f"{target} {version}"),
             log=log,
         )
@@ -658,17 +698,54 @@ def run_rebase(
             assert dest is not None
             _write_staged(
                 dest,
-                lambda staged: _write_output(
-                    root, staged, report, series, data, pins, new_tree, wheel, pip, log
+                lambda out: _write_output(
+                    root, out, report, series, data, pins, new_tree, wheel, pip, log
                 ),
             )
             log(f"Wrote the rebased series to {dest}")
+        if staged is not None and workspace is not None:
+            wheel_file = wheel or cache / new_wheel_name(pins, target, old_version, version)
+            manifest = ws.finish(
+                staged,
+                workspace,
+                origin=origin,
+                outcomes=report.outcomes,
+                data=data,
+                test_files={p.name: own_tests(p) for p in patches},
+                depends={p.name: p.header.depends_on for p in patches},
+                revision=revision,
+                test_python=test_python,
+                wheel=str(wheel_file) if wheel_file.is_file() else None,
+                log=log,
+            )
+            staged = None
+            log(f"Made the workspace {workspace}; next:")
+            for step in manifest["next_steps"]:
+                log(f"  {step}")
     finally:
-        if keep:
+        if staged is not None:
+            shutil.rmtree(staged, ignore_errors=True)
+        stack.close()
+        if tmp is not None and keep:
             log(f"Kept the scratch repository: git -C {tmp / 'repo'} log --oneline --all")
-        else:
+        elif tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     return report
+
+
+def own_tests(patch: Patch) -> tuple[str, ...]:
+    """The test modules a patch adds or changes under ``tests/``."""
+    from patchset.export import test_files
+
+    return test_files(patch)
+
+
+def new_wheel_name(pins: Any, target: str, old: str, new: str) -> str:
+    """The file name the new release's wheel gets in the cache (as :func:`_write_output`)."""
+    try:
+        return str(pins.get(target, "wheel").filename.replace(old, new))
+    except PinError:
+        return f"{target}-{new}.whl"
 
 
 def _write_output(
