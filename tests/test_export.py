@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from conftest import CONTRIBUTOR, SIGNED, patch_bytes, write_tree
+from conftest import CONTRIBUTOR, SIGNED, git, patch_bytes, write_tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from patchset.export import (
@@ -16,6 +17,7 @@ from patchset.export import (
     TestRun,
     check_record,
     check_standalone,
+    checkout_revision,
     export_patches,
     export_problems,
     mbox_bytes,
@@ -763,6 +765,9 @@ def test_cli_export_check_json_records_base_python_env_and_verdicts(
     )
     assert patch["tests"]["ok"] is True and "1 passed" in patch["tests"]["summary"]
     assert patch["tests"]["seconds"] >= 0
+    assert patch["sha256"] == hashlib.sha256(data).hexdigest()  # which patch file was checked
+    assert record["git_revision"] is None  # this checkout is no git repository
+    assert record["machine"]["cpus"] >= 1 and record["machine"]["python"]
     assert record["summary"]["tests_passed"] == 1 and record["summary"]["passed"] is True
     assert record["command"][:3] == ["patchset", "-C", str(root)]
     assert main([*argv, "--test-env", "NOT A PAIR"]) == 1
@@ -778,7 +783,16 @@ def test_check_record_counts_each_outcome() -> None:
         Standalone("vllm/0003-c.patch", "ok", (), tests=TestRun(("tests/u.py",), None, "not run")),
         Standalone("vllm/0004-d.patch", "fails", (), problems=("git said no",)),
     ]
-    record = check_record(results, bases={}, tests=None, require_tests=False, command=[], seconds=1)
+    record = check_record(
+        results,
+        bases={},
+        tests=None,
+        require_tests=False,
+        command=[],
+        seconds=1,
+        patch_sha256={r.name: "0" * 64 for r in results},
+        checkout={"git_revision": None, "series_uncommitted": None},
+    )
     assert record["summary"] == {
         "patches": 4,
         "standalone_ok": 2,
@@ -790,3 +804,20 @@ def test_check_record_counts_each_outcome() -> None:
         "without_tests": ["vllm/0002-b.patch", "vllm/0004-d.patch"],
         "passed": False,
     }
+
+
+def test_checkout_revision_is_head_and_says_when_the_series_files_differ(tmp_path: Path) -> None:
+    """The record names the revision the patches were read at, and says when ``series``,
+    ``pins.toml`` or ``patches/`` hold uncommitted changes (a revision alone would then lie)."""
+    assert checkout_revision(tmp_path) == {"git_revision": None, "series_uncommitted": None}
+    write_tree(tmp_path, {"series": b"vllm/0001-a.patch\n", "patches/vllm/0001-a.patch": b"x\n"})
+    (tmp_path / "README.md").write_text("docs\n")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-q", "-m", "series")
+    head = git(tmp_path, "rev-parse", "HEAD").strip()
+    assert checkout_revision(tmp_path) == {"git_revision": head, "series_uncommitted": False}
+    (tmp_path / "README.md").write_text("other docs\n")  # not what the check reads
+    assert checkout_revision(tmp_path)["series_uncommitted"] is False
+    (tmp_path / "patches/vllm/0001-a.patch").write_bytes(b"y\n")
+    assert checkout_revision(tmp_path) == {"git_revision": head, "series_uncommitted": True}

@@ -499,6 +499,7 @@ def cmd_export(args: argparse.Namespace, repo: Path) -> int:
         OverlayTestRunner,
         check_record,
         check_standalone,
+        checkout_revision,
         export_patches,
         mbox_bytes,
         python_package_version,
@@ -507,6 +508,7 @@ def cmd_export(args: argparse.Namespace, repo: Path) -> int:
         table,
         test_run_record,
     )
+    from patchset.hashing import sha256_bytes
     from patchset.pins import load_pins
     from patchset.rebase import pinned_version, refuse_inside_series
 
@@ -520,6 +522,7 @@ def cmd_export(args: argparse.Namespace, repo: Path) -> int:
         selected = select(series, args.patches)
         exported = export_patches(repo, series, selected, dest, signer=signer)
         patch_bytes = {p.name: (repo / "patches" / p.name).read_bytes() for p in series}
+        checkout = checkout_revision(repo)  # the revision these patch files were read at
     _info(f"Signed off by {signer} (git config user.name / user.email)")
     failed = False
     for item in exported:
@@ -612,6 +615,8 @@ def cmd_export(args: argparse.Namespace, repo: Path) -> int:
             require_tests=args.require_tests,
             command=["patchset", *args.argv],
             seconds=time.monotonic() - started,
+            patch_sha256={name: sha256_bytes(data) for name, data in patch_bytes.items()},
+            checkout=checkout,
         )
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)

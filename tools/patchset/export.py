@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import platform
 import re
 import shutil
 import socket
@@ -756,6 +757,23 @@ def test_run_record(tests: TestRun | None) -> dict[str, object] | None:
     }
 
 
+def checkout_revision(root: Path) -> dict[str, object]:
+    """The checkout's git HEAD and whether ``series``, ``pins.toml`` or ``patches/`` differ from
+    it (both None when ``root`` is no git checkout or git cannot say)."""
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
+
+    try:
+        head = git("rev-parse", "HEAD")
+        status = git("status", "--porcelain", "--", "series", "pins.toml", "patches")
+    except OSError:
+        return {"git_revision": None, "series_uncommitted": None}
+    if head.returncode != 0 or status.returncode != 0:
+        return {"git_revision": None, "series_uncommitted": None}
+    return {"git_revision": head.stdout.strip(), "series_uncommitted": bool(status.stdout.strip())}
+
+
 def check_record(
     results: Sequence[Standalone],
     *,
@@ -764,10 +782,13 @@ def check_record(
     require_tests: bool,
     command: Sequence[str],
     seconds: float,
+    patch_sha256: Mapping[str, str],
+    checkout: Mapping[str, object],
 ) -> dict[str, object]:
     """The standalone check as one JSON document (``export --check --json``): what was checked
-    against what (each target's base pin, the test python and its vLLM, the environment the
-    tests got), each patch's verdict and test summary, and the totals."""
+    (each patch file's sha256, the checkout's revision) against what (each target's base pin,
+    the test python and its vLLM, the environment the tests got) on which machine, each patch's
+    verdict and test summary, and the totals."""
     from patchset import __version__
 
     patches = []
@@ -775,6 +796,7 @@ def check_record(
         patches.append(
             {
                 "name": r.name,
+                "sha256": patch_sha256[r.name],
                 "verdict": r.verdict,
                 "standalone": r.describe(),
                 "depends_on": list(r.depends_on),
@@ -789,6 +811,12 @@ def check_record(
         "schema_version": CHECK_SCHEMA_VERSION,
         "tool": f"patchset {__version__}",
         "command": list(command),
+        **checkout,
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
         "bases": bases,
         "tests": tests,
         "require_tests": require_tests,
