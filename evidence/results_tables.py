@@ -763,16 +763,27 @@ def tool_section() -> list[str]:
 
 
 def export_section() -> list[str]:
+    """One table per ``patchset export --check --json`` record (``export-check-*.json``)."""
     out: list[str] = []
     for name, d in load("export-check*.json"):
-        out += [f"### Each patch standalone on the pinned base (+ its Depends-on), `{name}`", ""]
-        out += table(
-            ["patch", "depends on", "standalone", "its own vLLM-tree tests (CPU)"],
-            [
-                [p, ", ".join(r["depends_on"]) or "-", r["standalone"], r["tests"]["summary"]]
-                for p, r in d["patches"].items()
-            ],
-        )
+        base = d["bases"]["vllm"]
+        out += [
+            f"### Each patch standalone on vLLM {base.get('version', '?')} "
+            f"(+ its Depends-on), `{name}`",
+            "",
+        ]
+        rows = []
+        for r in d["patches"]:
+            tests = r.get("tests") or {}
+            rows.append(
+                [
+                    r["name"],
+                    ", ".join(r["depends_on"]) or "-",
+                    r["standalone"],
+                    tests.get("summary") or "no test module",
+                ]
+            )
+        out += table(["patch", "depends on", "standalone", "its own tests (CPU)"], rows)
     return out
 
 

@@ -76,3 +76,18 @@ def test_gate_problems_are_shortened_and_counted():
     long = {"problems": ["a | b " + "x" * 200, "second"]}
     cell = results_tables._problems(long)
     assert "|" not in cell and cell.endswith("… (+1 more)") and len(cell) < 110
+
+
+def test_export_table_has_a_row_per_checked_patch_with_its_verdict():
+    """The export-check table shows what ``patchset export --check --json`` recorded: one row
+    per patch, its verdict and its tests' summary, under the vLLM base it was checked on."""
+    files = results_tables.load("export-check*.json")
+    assert files, "no export check committed"
+    lines = results_tables.export_section()
+    for name, d in files:
+        version = d["bases"]["vllm"]["version"]
+        assert f"### Each patch standalone on vLLM {version} (+ its Depends-on), `{name}`" in lines
+        for p in d["patches"]:
+            [row] = [line for line in lines if line.startswith(f"| {p['name']} |")]
+            assert p["standalone"] in row
+            assert (p["tests"] or {}).get("summary", "no test module") in row
