@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import signal
 import sys
@@ -507,6 +506,7 @@ def cmd_export(args: argparse.Namespace, repo: Path) -> int:
         signer_identity,
         table,
         test_run_record,
+        write_file_atomic,
     )
     from patchset.hashing import sha256_bytes
     from patchset.pins import load_pins
@@ -620,9 +620,7 @@ def cmd_export(args: argparse.Namespace, repo: Path) -> int:
         )
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp_out = out.with_name(f".{out.name}.tmp")
-        tmp_out.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(tmp_out, out)
+        write_file_atomic(out, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
         _info(f"Wrote {out}")
     return 1 if failed or not all(r.passed for r in results) else 0
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Protocol
 
-from patchset.errors import PatchsetError, SeriesError
-from patchset.gitops import ScratchRepo
+from patchset.errors import ExternalToolError, PatchsetError, SeriesError
+from patchset.gitops import ScratchRepo, series_checkout_state
 from patchset.model import Patch
 from patchset.patchfile import serialise_header, split_patch
 
@@ -303,11 +303,11 @@ def export_patches(
         stem.parent.mkdir(parents=True, exist_ok=True)
         mbox = stem.with_name(stem.name + ".mbox")
         body = stem.with_name(stem.name + ".pr.md")
-        _write(mbox, mbox_bytes(patch, data, signer))
+        write_file_atomic(mbox, mbox_bytes(patch, data, signer))
         titles = tuple(
             upstream_subject(p.header.subject) for p in dependency_closure(patch, patches)
         )
-        _write(body, pr_body(patch, titles).encode("utf-8"))
+        write_file_atomic(body, pr_body(patch, titles).encode("utf-8"))
         out.append(
             Exported(
                 patch.name,
@@ -323,14 +323,15 @@ def export_patches(
         mboxes = [
             e.mbox.read_bytes() for p, e in zip(selected, out, strict=True) if p.target == target
         ]
-        _write(
+        write_file_atomic(
             dest / target / "series.mbox",
             b"".join(m if m.endswith(b"\n") else m + b"\n" for m in mboxes),
         )
     return out
 
 
-def _write(path: Path, data: bytes) -> None:
+def write_file_atomic(path: Path, data: bytes) -> None:
+    """``path`` holds ``data`` whole or keeps what it held (a temporary sibling, renamed)."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
@@ -760,18 +761,14 @@ def test_run_record(tests: TestRun | None) -> dict[str, object] | None:
 def checkout_revision(root: Path) -> dict[str, object]:
     """The checkout's git HEAD and whether ``series``, ``pins.toml`` or ``patches/`` differ from
     it (both None when ``root`` is no git checkout or git cannot say)."""
-
-    def git(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
-
     try:
-        head = git("rev-parse", "HEAD")
-        status = git("status", "--porcelain", "--", "series", "pins.toml", "patches")
-    except OSError:
+        state = series_checkout_state(root)
+    except ExternalToolError:
+        state = None
+    if state is None:
         return {"git_revision": None, "series_uncommitted": None}
-    if head.returncode != 0 or status.returncode != 0:
-        return {"git_revision": None, "series_uncommitted": None}
-    return {"git_revision": head.stdout.strip(), "series_uncommitted": bool(status.stdout.strip())}
+    head, dirty = state
+    return {"git_revision": head, "series_uncommitted": bool(dirty)}
 
 
 def check_record(

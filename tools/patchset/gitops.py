@@ -53,6 +53,34 @@ _OFFSET = re.compile(
 _APPLY_FAIL = re.compile(r"^error: patch failed: (?P<path>.+):(?P<line>\d+)$")
 
 
+SERIES_FILES = ("series", "pins.toml", "patches")
+"""What a checkout's series is made of: its revision speaks for them only when they are clean."""
+
+
+def series_checkout_state(root: Path) -> tuple[str, list[str]] | None:
+    """(HEAD, ``git status --porcelain`` lines of :data:`SERIES_FILES`, untracked files each) of
+    the user's checkout at ``root``; None when ``root`` is no git checkout (no ``.git`` there:
+    a parent's repository does not count). Raises ExternalToolError when git cannot say."""
+    if not (root / ".git").exists():
+        return None
+    args = ["status", "--porcelain", "--untracked-files=all", "--", *SERIES_FILES]
+    try:
+        status = subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, check=False
+        )
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=False
+        )
+    except OSError as exc:
+        raise ExternalToolError(f"{root}: cannot run git ({exc})") from exc
+    if status.returncode != 0 or head.returncode != 0:
+        raise ExternalToolError(
+            f"{root}: cannot read the checkout's git state",
+            details=(status.stderr + head.stderr).strip().splitlines()[-5:],
+        )
+    return head.stdout.strip(), [line for line in status.stdout.splitlines() if line.strip()]
+
+
 def _env() -> dict[str, str]:
     env = {
         key: value

@@ -46,7 +46,7 @@ from typing import Any
 
 from patchset import __version__
 from patchset.errors import PatchsetError
-from patchset.gitops import ScratchRepo
+from patchset.gitops import ScratchRepo, series_checkout_state
 from patchset.hashing import sha256_bytes
 
 SCHEMA_VERSION = 1
@@ -101,33 +101,10 @@ def origin_of(
 def refuse_dirty_checkout(root: Path) -> str | None:
     """The checkout's HEAD, after refusing uncommitted changes to what the workspace records
     (``series``, ``pins.toml``, ``patches/``); None when ``root`` is not a git checkout."""
-    if not (root / ".git").exists():
+    state = series_checkout_state(root)
+    if state is None:
         return None
-    status = subprocess.run(
-        [
-            "git",
-            "status",
-            "--porcelain",
-            "--untracked-files=all",
-            "--",
-            "series",
-            "pins.toml",
-            "patches",
-        ],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    head = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=False
-    )
-    if status.returncode != 0 or head.returncode != 0:
-        raise PatchsetError(
-            f"{root}: cannot read the checkout's git state for the workspace record",
-            details=(status.stderr + head.stderr).strip().splitlines()[-5:],
-        )
-    dirty = [line for line in status.stdout.splitlines() if line.strip()]
+    head, dirty = state
     if dirty:
         raise PatchsetError(
             f"{root}: the series has uncommitted changes; a workspace records the revision it "
@@ -135,7 +112,7 @@ def refuse_dirty_checkout(root: Path) -> str | None:
             details=dirty[:20],
             hint="commit (or stash) them, then run the rebase again",
         )
-    return head.stdout.strip()
+    return head
 
 
 def read_manifest(workspace: Path) -> dict[str, Any]:
