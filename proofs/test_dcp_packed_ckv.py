@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from shipped_triton import load_shipped_triton  # noqa: E402
 
-ckv = load_leaf("vllm/v1/attention/ops/dcp_packed_ckv.py")
+ckv = load_shipped_triton("vllm/v1/attention/ops/dcp_packed_ckv.py")
 wire = load_leaf("vllm/v1/attention/ops/dcp_wire_model.py")
 
 RB = ckv.FP8_DS_MLA_RECORD_BYTES

@@ -25,9 +25,10 @@ import tempfile
 import tokenize
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from patchset import precommit
 from patchset.diffparse import apply_file, split_lines
 from patchset.errors import ExternalToolError
 from patchset.export import export_problems
@@ -59,7 +60,8 @@ BaseReader = Callable[[str], bytes | None]
 @dataclass(frozen=True)
 class Finding:
     """One lint problem of one patch: ``rule`` is ``ruff:<code>``, ``format``, ``spdx``,
-    ``debug-print`` or ``header``; ``line`` is 1-based in the postimage (0 = whole file)."""
+    ``debug-print``, ``pre-commit:<hook id>`` or ``header``; ``line`` is 1-based in the
+    postimage (0 = whole file)."""
 
     patch: str
     path: str
@@ -272,8 +274,11 @@ def lint_patches(
     *,
     ruff: Sequence[str] | None = None,
     workdir: Path | None = None,
+    hooks_python: str | None = sys.executable,
 ) -> list[LintReport]:
-    """Lint each selected patch (``patches`` is the whole series, for the images)."""
+    """Lint each selected patch (``patches`` is the whole series, for the images); where the
+    base has a pre-commit config, its local Python hooks run with ``hooks_python`` on each
+    patch's state (:mod:`patchset.precommit`; None: not run)."""
     ruff = list(ruff or ruff_command())
     version = ruff_version(ruff)
     reports = []
@@ -300,7 +305,75 @@ def lint_patches(
             reports.append(
                 _lint_one(patch, base_trees[patch.target], images_by_target, mirrors, ruff, version)
             )
+        if hooks_python is not None:
+            hooked = _hook_findings(
+                patches, selected, base_trees, images_by_target, hooks_python, Path(tmp)
+            )
+            reports = [
+                replace(
+                    r,
+                    findings=r.findings + hooked[r.patch][0],
+                    notes=r.notes + hooked[r.patch][1],
+                )
+                for r in reports
+            ]
     return reports
+
+
+def _hook_findings(
+    patches: Sequence[Patch],
+    selected: Sequence[Patch],
+    base_trees: dict[str, Path],
+    images_by_target: dict[str, dict[str, dict[str, tuple[bytes | None, bytes | None]]]],
+    python: str,
+    workdir: Path,
+) -> dict[str, tuple[tuple[Finding, ...], tuple[str, ...]]]:
+    """Per selected patch: the base's pre-commit hooks' findings and notes."""
+    out: dict[str, tuple[tuple[Finding, ...], tuple[str, ...]]] = {
+        p.name: ((), ()) for p in selected
+    }
+    wanted = {p.name for p in selected}
+    for target in dict.fromkeys(p.target for p in selected):
+        config_file = base_trees[target] / precommit.CONFIG
+        if not config_file.is_file():
+            continue
+        config = precommit.load_config(config_file.read_text(encoding="utf-8"))
+        skipped = "not run: " + "; ".join(config.not_run) if config.not_run else None
+        announced = False
+        with precommit.hook_tree(base_trees[target], python, workdir) as tree:
+            for patch in (p for p in patches if p.target == target):
+                images = images_by_target[target][patch.name]
+                if patch.name not in wanted:
+                    tree.write({path: post for path, (_pre, post) in images.items()})
+                    continue
+                findings: list[Finding] = []
+                notes: list[str] = []
+                for run in precommit.check_patch(tree, config, images):
+                    if run.before_too and run.ok:
+                        notes.append(
+                            f"pre-commit {run.hook} fails before the patch too, and the patch "
+                            "adds nothing to its output"
+                        )
+                    if run.ok:
+                        continue
+                    lines = [line.strip() for line in run.output if line.strip()]
+                    named = [p for p in run.paths if any(p in line for line in lines)]
+                    findings.append(
+                        Finding(
+                            patch.name,
+                            ", ".join(named or run.paths),
+                            f"pre-commit:{run.hook}",
+                            "; ".join(lines[-6:]) or "failed (no output)",
+                        )
+                    )
+                if not announced:  # said once per target, on its first selected patch
+                    ran = ", ".join(h.id for h in config.hooks)
+                    notes.append(f"the {target} base's pre-commit hooks run: {ran}")
+                    if skipped:
+                        notes.append(f"the {target} base's pre-commit hooks {skipped}")
+                    announced = True
+                out[patch.name] = (tuple(findings), tuple(notes))
+    return out
 
 
 def _lint_one(
