@@ -259,7 +259,8 @@ def check_patch(
             continue
         tree.write(pre)
         existed = tuple(p for p in paths if pre[p] is not None)
-        before_ok, before = True, ()
+        before: tuple[str, ...] = ()
+        before_ok = True
         if existed or not hook.pass_filenames:
             before_ok, before = tree.run(hook, existed)
         tree.write(post)
