@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from patchset.errors import PatchsetError
+from patchset.gitops import ScratchRepo
 
 CONFIG = ".pre-commit-config.yaml"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -162,15 +162,10 @@ class HookTree:
     """A scratch git checkout of a base that is moved from patch state to patch state."""
 
     def __init__(self, base: Path, root: Path, python: str):
-        self.path = root / "tree"
+        self.repo = ScratchRepo.create(root / "tree")  # no user config, no hooks (gitops)
+        self.path = self.repo.path
         self.python = python
-        shutil.copytree(base, self.path, symlinks=True)
-        for args in (
-            ("init", "-q"),
-            ("add", "-A", "-f"),
-            ("commit", "-q", "--no-verify", "-m", "base"),
-        ):
-            _git(self.path, *args)
+        self.repo.import_tree(base, "base")
 
     def write(self, images: Mapping[str, bytes | None]) -> None:
         """Make each path hold its image (None: absent), in the files and git's index."""
@@ -182,7 +177,7 @@ class HookTree:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(data)
         if images:
-            _git(self.path, "add", "-A", "-f", "--", *images)
+            self.repo.git("add", "-A", "-f", "--", *images)
 
     def run(self, hook: Hook, paths: Sequence[str]) -> tuple[bool, tuple[str, ...]]:
         """Run ``hook`` as pre-commit would; (passed, its output lines). A hook that changed a
@@ -218,15 +213,6 @@ class HookTree:
 
 def _read(path: Path) -> bytes | None:
     return path.read_bytes() if path.is_file() else None
-
-
-def _git(cwd: Path, *args: str) -> None:
-    env_args = ["-c", "user.name=patchset", "-c", "user.email=patchset@invalid"]
-    proc = subprocess.run(
-        ["git", *env_args, *args], cwd=cwd, capture_output=True, text=True, check=False
-    )
-    if proc.returncode != 0:
-        raise PatchsetError(f"git {' '.join(args[:2])} in {cwd} failed: {proc.stderr.strip()}")
 
 
 @contextmanager
