@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from conftest import patch_bytes, write_tree
-from patchset.errors import PatchsetError
+from patchset.errors import ExternalToolError, PatchsetError
 from patchset.lint import lint_patches
-from patchset.precommit import Hook, check_patch, hook_tree, load_config
+from patchset.precommit import Hook, check_patch, hook_env, hook_tree, load_config
 from patchset.series import load_series
 
 SPDX = (
@@ -71,6 +71,12 @@ repos:
     entry: python tools/pre_commit/mypy.py "3.11"
     language: python
     types_or: [python, pyi]
+    additional_dependencies: ["mypy==1.20.2", regex]
+  - id: docs-tool
+    entry: python tools/pre_commit/docs.py
+    language: python
+    types: [markdown]
+    additional_dependencies: [regex, PyYAML]
   - id: png-lint
     entry: tools/pre_commit/png-lint.sh
     language: script
@@ -79,7 +85,8 @@ repos:
 HOOKS = {
     "tools/pre_commit/forbid.py": FORBID,
     "tools/pre_commit/tracked.py": TRACKED,
-    "tools/pre_commit/mypy.py": b"import sys\nsys.exit(1)\n",
+    "tools/pre_commit/mypy.py": b"import sys\nsys.exit(0)\n",
+    "tools/pre_commit/docs.py": b"import sys\nsys.exit(0)\n",
 }
 
 
@@ -106,13 +113,15 @@ def hook_findings(report) -> list[tuple[str, str, str]]:
 
 def test_config_keeps_local_python_hooks_and_names_what_it_does_not_run() -> None:
     config = load_config(CONFIG.decode())
-    assert [h.id for h in config.hooks] == ["check-forbidden", "check-tracked"]
+    assert [h.id for h in config.hooks] == ["check-forbidden", "check-tracked", "mypy", "docs-tool"]
     assert config.exclude == "vllm/third_party/.*"
-    forbid, tracked = config.hooks
+    forbid, tracked, mypy, _docs = config.hooks
     assert forbid.argv == ("python", "tools/pre_commit/forbid.py")
     assert tracked.pass_filenames is False
-    assert [n.split(" ")[0] for n in config.not_run] == ["mypy", "png-lint"]
-    assert "language script" in config.not_run[1]
+    assert mypy.argv == ("python", "tools/pre_commit/mypy.py", "3.11")
+    assert config.not_run == ("png-lint (language script)",)
+    # one environment for all hooks: the union of their additional_dependencies
+    assert config.requirements == ("PyYAML", "mypy==1.20.2", "regex")
 
 
 @pytest.mark.parametrize(
@@ -137,8 +146,9 @@ def test_a_hook_failure_the_patch_brings_is_a_finding(tmp_path: Path) -> None:
     [(path, rule, message)] = hook_findings(report)
     assert (path, rule) == ("vllm/a.py", "pre-commit:check-forbidden")
     assert "vllm/a.py:6: error: FORBIDDEN found" in message
-    assert any("pre-commit hooks run: check-forbidden, check-tracked" in n for n in report.notes)
-    assert any("not run: mypy" in n for n in report.notes)
+    ran = f"pre-commit hooks run ({sys.executable}): check-forbidden, check-tracked, mypy"
+    assert any(ran in n for n in report.notes)
+    assert any("not run: png-lint (language script)" in n for n in report.notes)
 
 
 def test_a_failure_already_in_the_base_is_not_the_patchs(tmp_path: Path) -> None:
@@ -230,3 +240,53 @@ def test_without_a_hook_python_no_hook_runs(tmp_path: Path) -> None:
     ]
     assert hook_findings(report) == []
     assert not any("pre-commit" in n for n in report.notes)
+
+
+# A hook that calls a tool of its environment by name, as vLLM's mypy hook calls `mypy`.
+WHICH = b"""import os, shutil, sys
+
+print(shutil.which("hook-tool"), os.environ.get("VIRTUAL_ENV"))
+"""
+
+
+def test_a_hook_finds_the_tools_of_its_environment_on_path(tmp_path: Path) -> None:
+    env = tmp_path / "env"
+    (env / "bin").mkdir(parents=True)
+    (env / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (env / "bin" / "python").symlink_to(sys.executable)
+    tool = env / "bin" / "hook-tool"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    write_tree(tmp_path / "base", {"tools/which.py": WHICH, "vllm/a.py": CLEAN})
+    with hook_tree(tmp_path / "base", str(env / "bin" / "python"), tmp_path) as tree:
+        ok, lines = tree.run(Hook("which", ("python", "tools/which.py")), ["vllm/a.py"])
+    assert ok and lines == (f"{tool} {env}",)
+
+
+def test_the_hook_environment_is_made_once_and_remade_when_half_made(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    with pytest.raises(PatchsetError, match="not made and --offline forbids pip"):
+        hook_env(cache, (), offline=True)
+    python = Path(hook_env(cache, ()))
+    env = python.parent.parent
+    assert (env / "pyvenv.cfg").is_file()
+    sentinel = env / "sentinel"
+    sentinel.write_text("x")
+    assert Path(hook_env(cache, (), offline=True)) == python and sentinel.exists()  # reused
+    (env / ".patchset-hook-env").unlink()  # as a killed run leaves it
+    assert Path(hook_env(cache, ())) == python and not sentinel.exists()  # made again
+    # other requirements are another environment
+    with pytest.raises(PatchsetError, match="not made"):
+        hook_env(cache, ("regex",), offline=True)
+
+
+def test_a_failed_install_leaves_no_environment_that_counts_as_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "no-wheels"))
+    cache = tmp_path / "cache"
+    with pytest.raises(ExternalToolError, match="making the pre-commit hooks' environment failed"):
+        hook_env(cache, ("not-a-package-anywhere==0",))
+    with pytest.raises(PatchsetError, match="not made"):
+        hook_env(cache, ("not-a-package-anywhere==0",), offline=True)

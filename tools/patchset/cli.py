@@ -11,8 +11,9 @@ import json
 import re
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from patchset import __version__, crashpoint, journal
 from patchset.apply import apply_series, recover_tree, stack_reader, unapply_series
@@ -37,6 +38,9 @@ from patchset.state import read_state
 from patchset.tree import Tree
 from patchset.treelock import DEFAULT_TIMEOUT_S, tree_lock
 from patchset.verify import tree_status, verify_tree
+
+if TYPE_CHECKING:
+    from patchset.precommit import HookConfig
 
 
 def _info(message: str) -> None:
@@ -634,7 +638,14 @@ def cmd_lint(args: argparse.Namespace, repo: Path) -> int:
     bases = _pristine_bases(args, repo, [p.target for p in selected])
     ruff = [args.ruff] if args.ruff else None
     (repo / "build").mkdir(exist_ok=True)
-    reports = lint_patches(series, selected, bases, ruff=ruff, workdir=repo / "build")
+    reports = lint_patches(
+        series,
+        selected,
+        bases,
+        ruff=ruff,
+        workdir=repo / "build",
+        hooks_python=_hooks_python(args, repo),
+    )
     bad = 0
     for report in reports:
         _info(f"{'FAIL' if report.findings else 'OK':<4} {report.patch}")
@@ -645,6 +656,16 @@ def cmd_lint(args: argparse.Namespace, repo: Path) -> int:
         bad += bool(report.findings)
     _info(f"{len(reports) - bad} of {len(reports)} patch(es) lint-clean")
     return 1 if bad else 0
+
+
+def _hooks_python(args: argparse.Namespace, repo: Path) -> Callable[[HookConfig], str]:
+    """--hooks-python, or the cached venv of the base's hook requirements (pip, once)."""
+    from patchset.fetch import cache_dir
+    from patchset.precommit import hook_env
+
+    if args.hooks_python:
+        return lambda _config: str(args.hooks_python)
+    return lambda config: hook_env(cache_dir(repo), config.requirements, offline=args.offline)
 
 
 def cmd_rebase(args: argparse.Namespace, repo: Path) -> int:
@@ -722,6 +743,11 @@ def _add_upstream_commands(sub: argparse._SubParsersAction) -> None:  # type: ig
     p.add_argument("--ruff", help="ruff executable (default: $PATCHSET_RUFF, PATH, -m ruff)")
     p.add_argument("--base", action="append", help="TARGET=DIR pristine base (default: fetch)")
     p.add_argument("--offline", action="store_true", help="never run pip; use the cache only")
+    p.add_argument(
+        "--hooks-python",
+        help="run the base's pre-commit hooks with this python (default: a venv in the cache "
+        "with the hooks' additional_dependencies, made by pip once)",
+    )
     p.set_defaults(func=cmd_lint)
     p = sub.add_parser("rebase", help="replay the series 3-way onto a newer release")
     p.add_argument("--onto", required=True, help="e.g. vllm==0.33.0")

@@ -274,7 +274,7 @@ def pristine_tree(target: str, *, root: Path | None = None, offline: bool = Fals
     tree = base / target
     stamp = base / f"{target}.pin"
     base.mkdir(parents=True, exist_ok=True)
-    with _locked(base / f".{target}.lock"):
+    with file_lock(base / f".{target}.lock"):
         if tree.is_dir() and stamp.is_file() and stamp.read_text().strip() == pin.sha256:
             return tree
         stamp.unlink(missing_ok=True)
@@ -287,7 +287,8 @@ def pristine_tree(target: str, *, root: Path | None = None, offline: bool = Fals
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if absent) for the block."""
     with open(path, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:

@@ -55,6 +55,13 @@ _RUFF_REV = re.compile(
 vLLM 0.34)."""
 
 BaseReader = Callable[[str], bytes | None]
+HookPython = Callable[[precommit.HookConfig], str]
+"""Given a base's pre-commit hooks, the python to run them with (:func:`precommit.hook_env`)."""
+
+
+def this_python(_config: precommit.HookConfig) -> str:
+    """Run the hooks with this interpreter (it must have their dependencies)."""
+    return sys.executable
 
 
 @dataclass(frozen=True)
@@ -274,11 +281,11 @@ def lint_patches(
     *,
     ruff: Sequence[str] | None = None,
     workdir: Path | None = None,
-    hooks_python: str | None = sys.executable,
+    hooks_python: HookPython | None = this_python,
 ) -> list[LintReport]:
     """Lint each selected patch (``patches`` is the whole series, for the images); where the
-    base has a pre-commit config, its local Python hooks run with ``hooks_python`` on each
-    patch's state (:mod:`patchset.precommit`; None: not run)."""
+    base has a pre-commit config, its local Python hooks run on each patch's state with the
+    python ``hooks_python`` gives for that config (:mod:`patchset.precommit`; None: not run)."""
     ruff = list(ruff or ruff_command())
     version = ruff_version(ruff)
     reports = []
@@ -325,7 +332,7 @@ def _hook_findings(
     selected: Sequence[Patch],
     base_trees: dict[str, Path],
     images_by_target: dict[str, dict[str, dict[str, tuple[bytes | None, bytes | None]]]],
-    python: str,
+    hooks_python: HookPython,
     workdir: Path,
 ) -> dict[str, tuple[tuple[Finding, ...], tuple[str, ...]]]:
     """Per selected patch: the base's pre-commit hooks' findings and notes."""
@@ -340,6 +347,7 @@ def _hook_findings(
         config = precommit.load_config(config_file.read_text(encoding="utf-8"))
         skipped = "not run: " + "; ".join(config.not_run) if config.not_run else None
         announced = False
+        python = hooks_python(config)
         with precommit.hook_tree(base_trees[target], python, workdir) as tree:
             for patch in (p for p in patches if p.target == target):
                 images = images_by_target[target][patch.name]
@@ -368,7 +376,7 @@ def _hook_findings(
                     )
                 if not announced:  # said once per target, on its first selected patch
                     ran = ", ".join(h.id for h in config.hooks)
-                    notes.append(f"the {target} base's pre-commit hooks run: {ran}")
+                    notes.append(f"the {target} base's pre-commit hooks run ({python}): {ran}")
                     if skipped:
                         notes.append(f"the {target} base's pre-commit hooks {skipped}")
                     announced = True

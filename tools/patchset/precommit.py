@@ -15,17 +15,24 @@ the files it changes, so each patch is checked as its PR would be:
   paths, those that existed); when it fails there too, only the output lines the patch adds
   are the patch's (none: a note). A hook that changes a file fails, as under pre-commit.
 
-Hooks of other languages (``system``, ``script``: shell and Rust tooling) and ``mypy`` (its own
-environment: the pinned mypy, stubs, and vLLM's dependencies to follow imports) are not run;
-each run says so. ``types`` are matched by file suffix (pre-commit's ``identify`` also reads
-shebangs; the series adds no extension-less scripts).
+The hooks run in one environment, as pre-commit's do in theirs: :func:`hook_env` makes a venv in
+the download cache holding the union of the hooks' ``additional_dependencies`` (``mypy`` with its
+pinned version, stubs and pydantic plugin among them) and puts its ``bin`` first on ``PATH``.
+Hooks of other languages (``system``, ``script``: shell and Rust tooling) are not run; each run
+says so. ``types`` are matched by file suffix (pre-commit's ``identify`` also reads shebangs;
+the series adds no extension-less scripts).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
 import shlex
+import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -33,13 +40,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from patchset.errors import PatchsetError
+from patchset.errors import ExternalToolError, PatchsetError
+from patchset.fetch import file_lock
 from patchset.gitops import ScratchRepo
 
 CONFIG = ".pre-commit-config.yaml"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-NOT_RUN = {"mypy": "its own environment (the pinned mypy, stubs and vLLM's dependencies)"}
-"""Python hooks not run, by id, with the reason each run prints."""
 
 _TYPE_SUFFIXES: dict[str, tuple[str, ...]] = {
     "file": ("",),
@@ -93,11 +99,13 @@ def _has_type(path: str, tag: str) -> bool:
 
 @dataclass(frozen=True)
 class HookConfig:
-    """The runnable hooks of a base, the global ``exclude``, and what is not run and why."""
+    """The runnable hooks of a base, the global ``exclude``, what is not run and why, and the
+    requirements their environment needs (the hooks' ``additional_dependencies``, sorted)."""
 
     hooks: tuple[Hook, ...]
     exclude: str = ""
     not_run: tuple[str, ...] = ()
+    requirements: tuple[str, ...] = ()
 
 
 def load_config(text: str) -> HookConfig:
@@ -112,6 +120,7 @@ def load_config(text: str) -> HookConfig:
         raise PatchsetError(f"{CONFIG}: not valid YAML ({exc})") from exc
     hooks: list[Hook] = []
     not_run: list[str] = []
+    requirements: set[str] = set()
     for repo in data.get("repos") or []:
         if repo.get("repo") != "local":
             continue  # ruff (patchset lint's own check), typos, markdownlint, ...: remote hooks
@@ -120,13 +129,11 @@ def load_config(text: str) -> HookConfig:
             if raw.get("language") != "python":
                 not_run.append(f"{hook_id} (language {raw.get('language')})")
                 continue
-            if hook_id in NOT_RUN:
-                not_run.append(f"{hook_id} ({NOT_RUN[hook_id]})")
-                continue
             unknown = [t for t in _tags(raw) if t not in _TYPE_SUFFIXES]
             if unknown:
                 not_run.append(f"{hook_id} (file types {', '.join(unknown)})")
                 continue
+            requirements.update(str(r) for r in raw.get("additional_dependencies") or ())
             hooks.append(
                 Hook(
                     id=hook_id,
@@ -138,7 +145,53 @@ def load_config(text: str) -> HookConfig:
                     pass_filenames=bool(raw.get("pass_filenames", True)),
                 )
             )
-    return HookConfig(tuple(hooks), str(data.get("exclude") or ""), tuple(not_run))
+    return HookConfig(
+        tuple(hooks), str(data.get("exclude") or ""), tuple(not_run), tuple(sorted(requirements))
+    )
+
+
+def hook_env(cache: Path, requirements: Sequence[str], *, offline: bool = False) -> str:
+    """The python of a venv under ``cache`` that holds ``requirements`` (pip installs them once).
+
+    The venv is reused while its marker names the same requirements and this interpreter; one
+    without the marker (a killed run, a failed pip) is removed and made again. ``offline``: a
+    venv that is not made yet is an error, not a download.
+    """
+    wanted = sorted(set(requirements))
+    key = hashlib.sha256(json.dumps([sys.version, wanted]).encode()).hexdigest()[:16]
+    env = cache / f"hook-env-{key}"
+    python = env / "bin" / "python"
+    marker = env / ".patchset-hook-env"
+    text = json.dumps({"python": sys.version, "requirements": wanted}, indent=1) + "\n"
+    cache.mkdir(parents=True, exist_ok=True)
+    with file_lock(cache / f".hook-env-{key}.lock"):
+        if marker.is_file() and marker.read_text(encoding="utf-8") == text and python.exists():
+            return str(python)
+        if offline:
+            raise PatchsetError(
+                f"the pre-commit hooks' environment {env} is not made and --offline forbids pip",
+                hint="run once without --offline, or pass --hooks-python",
+            )
+        if env.exists():
+            shutil.rmtree(env)
+        _run([sys.executable, "-m", "venv", *([] if wanted else ["--without-pip"]), str(env)])
+        if wanted:
+            pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+            _run([*pip, *wanted])
+        marker.write_text(text, encoding="utf-8")
+    return str(python)
+
+
+def _run(argv: list[str]) -> None:
+    env = {**os.environ, "PIP_NO_INPUT": "1"}
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
+    if proc.returncode != 0:
+        raise ExternalToolError(
+            f"making the pre-commit hooks' environment failed (exit {proc.returncode}): "
+            f"{shlex.join(argv)}",
+            details=(proc.stdout + proc.stderr).strip().splitlines()[-20:],
+            hint="check the network and the index, or pass --hooks-python",
+        )
 
 
 def _tags(raw: Mapping[str, Any]) -> list[str]:
@@ -179,6 +232,15 @@ class HookTree:
         if images:
             self.repo.git("add", "-A", "-f", "--", *images)
 
+    def _environ(self) -> dict[str, str]:
+        """This environment with the hook python's ``bin`` first on ``PATH`` (a hook may call
+        a tool of its environment by name, as vLLM's mypy hook calls ``mypy``)."""
+        bin_dir = Path(self.python).parent
+        env = {**os.environ, "PATH": os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])}
+        if (bin_dir.parent / "pyvenv.cfg").is_file():
+            env["VIRTUAL_ENV"] = str(bin_dir.parent)
+        return env
+
     def run(self, hook: Hook, paths: Sequence[str]) -> tuple[bool, tuple[str, ...]]:
         """Run ``hook`` as pre-commit would; (passed, its output lines). A hook that changed a
         file it was given fails; the change is undone."""
@@ -190,7 +252,13 @@ class HookTree:
         before = {p: _read(self.path / p) for p in paths}
         try:
             proc = subprocess.run(
-                argv, cwd=self.path, capture_output=True, text=True, check=False, timeout=600
+                argv,
+                cwd=self.path,
+                env=self._environ(),
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=600,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return False, (f"could not run {shlex.join(argv[:2])}: {exc}",)
