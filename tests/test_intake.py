@@ -197,3 +197,45 @@ def test_a_path_missing_from_the_base_is_named_not_the_series(
     err = capsys.readouterr().err
     assert "x/pkg/zz.py" in err or "pkg/zz.py" in err
     assert "does not exist" in err and "the tree the series produces" not in err, err
+
+
+# -- issue 48 (N4, N6): --name parsed by the series' own rules before anything is staged -------
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("vllm/0013-x.patch/", "bad name"),  # N6: once left a journal nothing could read
+        ("vllm/../../../escape/0013-x.patch", "bad name"),  # N4: wrote outside the checkout
+        ("vllm/./0013-x.patch", "bad name"),
+        ("vllm//0013-x.patch", "bad name"),
+        ("vllm/0013-x", "bad name"),
+        ("vllm/0013-caf\u00e9.patch", "bad name"),
+        ("vllm/0013-x.patch\n", "bad name"),
+        ("vllm/\u0660\u0660\u0661\u0663-x.patch", "bad name"),
+        ("vllm/0001-other.patch", "number 0001 is already vllm/0001-one.patch's"),
+        ("b12x/0013-x.patch", "is not a vllm patch"),
+    ],
+)
+def test_a_bad_name_is_refused_before_anything_is_written(
+    repo_ws: Workspace, tmp_path: Path, capsys, name: str, says: str
+) -> None:
+    diff = tmp_path / "x.diff"
+    diff.write_bytes(b"--- a/pkg/a.py\n+++ b/pkg/a.py\n@@ -1 +1 @@\n-a0 = 0\n+a0 = 9\n")
+    before = snapshot(repo_ws.repo)
+    args = ["import", str(diff), "--subject", "[Test] X", "--name", name]
+    if name.startswith("b12x/"):
+        args += ["--target", "vllm"]
+    assert repo_ws.cli(*args) == 1
+    assert says in capsys.readouterr().err
+    assert snapshot(repo_ws.repo) == before
+    assert not (tmp_path / "escape").exists()
+    # nothing half-done: every command still reads the checkout
+    assert repo_ws.cli("lock", "--check") == 0
+    repo_ws.cli("recover")
+    assert "no interrupted run to recover" in capsys.readouterr().out
+    # and a good name still imports
+    assert (
+        repo_ws.cli("import", str(diff), "--subject", "[Test] X", "--name", "vllm/0013-x.patch")
+        == 0
+    )

@@ -44,6 +44,12 @@ def test_parse_skips_comments_and_blank_lines_and_keeps_line_numbers() -> None:
         "vllm/sub/0001-a.patch",
         "vllm/0001-.patch",
         "/vllm/0001-a.patch",
+        "vllm/0001-a.patch\n",  # `$` would match before a trailing newline
+        "vllm/0001-a.patch/",
+        "vllm/\u0660\u0660\u0661\u0663-a.patch",  # Arabic-Indic digits match `\d`
+        "vllm/../0001-a.patch",
+        "vllm//0001-a.patch",
+        "vllm/0001-\u00e9.patch",
     ],
 )
 def test_bad_names_are_refused(name: str) -> None:

@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING
 
 from patchset import __version__, crashpoint, journal
 from patchset.apply import apply_series, recover_tree, stack_reader, unapply_series
-from patchset.errors import LockError, NothingToDo, PatchsetError, PinError, TreeStateError
+from patchset.errors import (
+    LockError,
+    NothingToDo,
+    PatchFormatError,
+    PatchsetError,
+    PinError,
+    TreeStateError,
+)
 from patchset.journal import os_error_text
 from patchset.lockfile import (
     BaseReader,
@@ -33,7 +40,7 @@ from patchset.model import TARGETS, Lock, Patch, TreeState
 from patchset.newtree import created_if_missing
 from patchset.refresh import refresh_patch
 from patchset.repowrite import recover_repo, repo_lock
-from patchset.series import for_target, load_series
+from patchset.series import for_target, load_series, name_problem
 from patchset.state import read_state
 from patchset.tree import Tree
 from patchset.treelock import DEFAULT_TIMEOUT_S, tree_lock
@@ -284,6 +291,9 @@ def _write_lock(repo: Path, patches: tuple[Patch, ...], bases: dict[str, BaseRea
 def cmd_import(args: argparse.Namespace, repo: Path) -> int:
     from patchset.intake import git_identity, import_patch
 
+    if args.name is not None and (reason := name_problem(args.name)):
+        # before the name picks a target, a base or a path: nothing is read or staged for it
+        raise PatchFormatError(f"--name {args.name!r}: {reason}")
     target = args.target or (args.name.split("/", 1)[0] if args.name else "vllm")
     data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
     base_dir = _pristine_bases(args, repo, [target])[target]

@@ -17,7 +17,7 @@ import email.policy
 import email.utils
 import re
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +28,14 @@ from patchset.lockfile import LOCK_FILE, BaseReader, compute_lock, lock_to_json,
 from patchset.model import Patch, PatchHeader
 from patchset.patchfile import _split_trailers, serialise_header
 from patchset.repowrite import commit_repo, repo_lock
-from patchset.series import NAME_RE, crlf_problem, load_series, parse_patch, parse_series
+from patchset.series import (
+    NAME_RE,
+    crlf_problem,
+    load_series,
+    name_problem,
+    parse_patch,
+    parse_series,
+)
 
 BaseMode = Callable[[str], str | None]
 """The git mode (``100644``/``100755``) of a path in the target's pristine base, or None."""
@@ -293,6 +300,29 @@ def _slug(title: str) -> str:
     return slug[:SLUG_MAX] or "patch"
 
 
+def refuse_bad_name(name: str, target: str, listed: Sequence[str]) -> None:
+    """Refuse a new entry's name before anything is staged: the series' own name rules, the
+    target, and a number or a name the target's entries already use."""
+    reason = name_problem(name)
+    if reason:
+        raise PatchFormatError(
+            f"--name {name!r}: {reason}", hint=f"e.g. --name {target}/0001-short-title.patch"
+        )
+    match = NAME_RE.match(name)
+    assert match is not None  # name_problem passed
+    if match.group("target") != target:
+        raise PatchFormatError(f"--name {name} is not a {target} patch")
+    if name in listed:
+        raise PatchFormatError(f"{name} already exists", hint="pass another --name")
+    for other in listed:
+        found = NAME_RE.match(other)
+        if found and found.group("target") == target and found["number"] == match["number"]:
+            raise PatchFormatError(
+                f"--name {name}: number {match['number']} is already {other}'s",
+                hint="pass another number (or leave out --name: the next free one is used)",
+            )
+
+
 def _next_name(series: tuple[Patch, ...], listed: list[str], target: str, subject: str) -> str:
     numbers = [
         int(m.group("number"))
@@ -354,10 +384,9 @@ def _import_locked(
     series = load_series(repo)
     listed = [e.name for e in parse_series((repo / "series").read_text(encoding="utf-8"))]
     name = name or _next_name(series, listed, target, subject)
-    if name in listed or (repo / "patches" / name).exists():
+    refuse_bad_name(name, target, listed)
+    if (repo / "patches" / name).exists():
         raise PatchFormatError(f"{name} already exists", hint="pass another --name")
-    if not name.startswith(f"{target}/"):
-        raise PatchFormatError(f"--name {name} is not a {target} patch")
     mine = [p for p in series if p.target == target]
     last_mode = {fp.path: fp.mode for p in mine for fp in p.files}
 

@@ -18,8 +18,10 @@ from patchset.model import TARGETS, Patch
 from patchset.patchfile import header_problems, parse_header, split_patch
 
 NAME_RE = re.compile(
-    r"^(?P<target>[a-z0-9]+)/(?P<number>\d{4})-(?P<slug>[a-z0-9]+(?:-[a-z0-9]+)*)\.patch$"
+    r"\A(?P<target>[a-z0-9]+)/(?P<number>[0-9]{4})-(?P<slug>[a-z0-9]+(?:-[a-z0-9]+)*)\.patch\Z"
 )
+"""A series entry: ASCII only, the whole string (``\\Z``: no trailing newline, which ``$``
+would let through; ``[0-9]``: no other script's digits, which ``\\d`` would)."""
 IGNORED_FILES = frozenset({".gitkeep"})
 
 
@@ -48,7 +50,8 @@ def serialise_series(names: list[str] | tuple[str, ...], comment: str = "") -> s
 
 
 def name_problem(name: str) -> str | None:
-    """Why ``name`` is not a valid series entry, or None."""
+    """Why ``name`` is not a valid series entry, or None. Every name the tool writes or reads
+    passes here first, so no entry can name a path outside ``patches/<target>/``."""
     match = NAME_RE.match(name)
     if not match:
         return "bad name: want <target>/NNNN-slug.patch (lowercase slug, 4-digit number)"
