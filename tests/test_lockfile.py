@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 
+import pytest
 from conftest import Workspace, patch_bytes
 from patchset.lockfile import lock_from_json, lock_to_json
 
@@ -90,3 +92,28 @@ def test_lock_refuses_a_patch_that_does_not_apply_to_the_base(ws: Workspace, cap
     (ws.base / "a.py").write_bytes(b"other\n")
     assert ws.cli("lock") == 1
     assert "vllm/0001-a.patch does not apply" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: t.replace('"schema_version": 1', '"schema_version": true'), "schema_version"),
+        (lambda t: t.replace('"pins": {}', '"pins": {},\n  "surprise": 1'), "canonical form"),
+        (lambda t: t.replace('"pins": {}', '"pins": {},\n  "pins": {}'), "duplicate key 'pins'"),
+        (lambda t: t.replace('"op": "delete"', '"op": "remove"'), "op 'remove'"),
+        (lambda t: t.replace('"mode": "100644"', '"mode": "100777"', 1), "'100777'"),
+        (lambda t: re.sub(r'"post": "[0-9a-f]{64}"', '"post": "XYZ"', t, count=1), "not sha256"),
+        (lambda t: t.replace("\n  ", "\n   ", 1), "canonical form"),
+    ],
+    ids=["bool-version", "unknown-key", "duplicate-key", "op", "mode", "digest", "layout"],
+)
+def test_lock_check_refuses_a_lock_patchset_would_not_write(
+    ws: Workspace, capsys, edit, message: str
+) -> None:
+    """`lock --check` (and every command reading the lock) refuses an edited lock, naming what
+    is wrong, instead of reading past it."""
+    ws.setup(BASE, PATCHES)
+    path = ws.repo / "series.lock"
+    path.write_text(edit(path.read_text()))
+    assert ws.cli("lock", "--check") == 1
+    assert message in capsys.readouterr().err

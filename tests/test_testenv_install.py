@@ -144,9 +144,22 @@ def test_a_disk_without_room_for_a_fresh_venv_is_refused_before_pip(
     assert "1.0 GiB free" in out and f"{module.FRESH_VENV_GIB} GiB" in out and "TESTENV=" in out
 
 
-def test_free_space_is_read_from_the_nearest_existing_folder(tmp_path: Path) -> None:
+def test_free_space_is_read_from_the_nearest_existing_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     module = load_tree_tests()
-    assert module.free_gib(tmp_path / "not" / "yet") == module.free_gib(tmp_path)
+    asked: list[Path] = []
+    real = module.shutil.disk_usage
+
+    def disk_usage(path: Path):  # type: ignore[no-untyped-def]
+        asked.append(Path(path))
+        return real(path)
+
+    # which folder is asked, not two readings of a disk other suites write to meanwhile
+    monkeypatch.setattr(module.shutil, "disk_usage", disk_usage)
+    assert module.free_gib(tmp_path / "not" / "yet") > 0
+    assert asked == [tmp_path]
+    monkeypatch.undo()
     assert module.lacks_space(tmp_path / "venv", need_gib=0) is None
     assert "GiB free" in module.lacks_space(tmp_path / "venv", need_gib=10**9)
 

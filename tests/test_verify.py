@@ -9,6 +9,7 @@ from conftest import Workspace, patch_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from patchset.hashing import sha256_bytes
+from patchset.state import canonical_json
 
 BASE = {"a.py": b"one\ntwo\nthree\n", "b.py": b"keep\n"}
 A1 = b"one\nTWO\nthree\n"
@@ -102,7 +103,7 @@ def test_verify_flags_a_tree_patched_from_another_pinned_base(applied: Workspace
     state_path.write_text(json.dumps(state))
     lock = json.loads(lock_path.read_text())
     lock["pins"] = {"vllm.sdist": "2" * 64}
-    lock_path.write_text(json.dumps(lock))
+    lock_path.write_text(canonical_json(lock))  # a lock as patchset writes it, another pin
     assert applied.cli("verify") == 1
     assert "tree was patched from base 111111111111, series.lock pins 222222222222" in (
         capsys.readouterr().err

@@ -15,9 +15,11 @@ files are read). Canonical JSON (sorted keys, 2-space indent, trailing newline):
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from patchset.diffparse import apply_file
 from patchset.errors import LockError, PatchDoesNotApply
@@ -151,19 +153,81 @@ def lock_to_json(lock: Lock) -> str:
     )
 
 
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_OPS = ("modify", "add", "delete")
+_MODES = ("100644", "100755")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: set[str] = set()
+    for key, _value in pairs:
+        if key in seen:
+            raise LockError(f"duplicate key {key!r}")
+        seen.add(key)
+    return dict(pairs)
+
+
 def lock_from_json(text: str, where: str = LOCK_FILE) -> Lock:
+    """Read a lock, strictly: the text must be exactly what :func:`lock_to_json` writes for
+    the lock it holds (so no unknown key, no duplicate key, no ``true`` for ``1``, no other
+    layout), and every digest, operation and mode must be one patchset writes."""
     try:
-        raw = json.loads(text)
-        if raw.get("schema_version") != SCHEMA_VERSION:
-            raise LockError(f"{where}: schema_version {raw.get('schema_version')!r}, want 1")
+        raw = json.loads(text, object_pairs_hook=_unique_keys)
+        version = raw.get("schema_version")
+        if type(version) is not int or version != SCHEMA_VERSION:
+            raise LockError(f"{where}: schema_version {version!r}, want 1")
         final = {
             target: {p: FinalImage(v["sha256"], v["mode"]) for p, v in files.items()}
             for target, files in raw["final"].items()
         }
         patches = tuple(images_from_json(entry) for entry in raw["patches"])
-        return Lock(dict(raw["pins"]), patches, final)
+        lock = Lock(dict(raw["pins"]), patches, final)
+    except LockError as exc:
+        if exc.message.startswith(where):
+            raise
+        raise LockError(f"{where}: malformed ({exc.message})", hint="run patchset lock") from exc
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise LockError(f"{where}: malformed ({exc})", hint="run patchset lock") from exc
+    problems = _lock_problems(lock)
+    if problems:
+        raise LockError(f"{where}: malformed", details=problems, hint="run patchset lock")
+    if lock_to_json(lock) != text:
+        raise LockError(
+            f"{where}: not the canonical form patchset writes (an unknown or misplaced key, or "
+            "an edited layout)",
+            hint="run patchset lock",
+        )
+    return lock
+
+
+def _lock_problems(lock: Lock) -> list[str]:
+    """Values no lock patchset writes holds: digests that are not sha256 hex, unknown
+    operations or modes, non-string names and paths."""
+
+    def digest(value: object, nullable: bool) -> bool:
+        return (nullable and value is None) or (
+            isinstance(value, str) and bool(_SHA256.fullmatch(value))
+        )
+
+    out = [f"pin {k}: {v!r} is not a sha256" for k, v in lock.pins.items() if not digest(v, False)]
+    for entry in lock.patches:
+        if not isinstance(entry.name, str) or not digest(entry.sha256, False):
+            out.append(f"patch {entry.name!r}: name or sha256 {entry.sha256!r} not valid")
+        for image in entry.files:
+            where = f"{entry.name}: {image.path!r}"
+            if not isinstance(image.path, str):
+                out.append(f"{where}: the path is not a string")
+            if image.op not in _OPS:
+                out.append(f"{where}: op {image.op!r} is not one of {', '.join(_OPS)}")
+            if image.mode not in _MODES:
+                out.append(f"{where}: mode {image.mode!r} is not one of {', '.join(_MODES)}")
+            if not digest(image.pre, True) or not digest(image.post, True):
+                out.append(f"{where}: pre/post {image.pre!r}/{image.post!r} not sha256 or null")
+    for target, files in lock.final.items():
+        for path, final in files.items():
+            if not digest(final.sha256, True) or final.mode not in _MODES:
+                out.append(f"final {target} {path!r}: {final.sha256!r} {final.mode!r} not valid")
+    return out
 
 
 def load_lock(repo: Path) -> Lock:
