@@ -239,3 +239,34 @@ def test_a_bad_name_is_refused_before_anything_is_written(
         repo_ws.cli("import", str(diff), "--subject", "[Test] X", "--name", "vllm/0013-x.patch")
         == 0
     )
+
+
+@pytest.mark.parametrize(
+    ("flags", "new_side", "said"),
+    [
+        ("-ru", {"pkg/added.py": b"ADDED = 1\n"}, "Only in new/pkg: added.py"),
+        ("-ruN", {"pkg/blob.bin": b"\x00\x01binary\x00"}, "Binary files old/pkg/blob.bin"),
+    ],
+    ids=["only-in", "binary"],
+)
+def test_a_diff_notice_of_a_change_it_does_not_carry_refuses_the_import(
+    repo_ws: Workspace, tmp_path, capsys, flags: str, new_side: dict[str, bytes], said: str
+) -> None:
+    """`diff -ru` (no -N) says "Only in ...", a binary file "Binary files ... differ": the import
+    is refused naming that line and nothing is written (before, those lines were skipped and
+    the rest imported with exit 0)."""
+    work = tmp_path / "dirs"
+    old_side = {"pkg/a.py": A2}
+    if "pkg/blob.bin" in new_side:
+        old_side["pkg/blob.bin"] = b"\x00\x02other\x00"
+    write_tree(work / "old", old_side)
+    changed = A2.replace(b"a15 = 15\n", b"a15 = 150\n")
+    write_tree(work / "new", {"pkg/a.py": changed, **new_side})
+    result = subprocess.run(["diff", flags, "old", "new"], cwd=work, capture_output=True)
+    assert result.returncode == 1 and said.encode() in result.stdout
+    diff = tmp_path / "dirs.diff"
+    diff.write_bytes(result.stdout)
+    before = snapshot(repo_ws.repo)
+    assert repo_ws.cli("import", str(diff), "--subject", "[Test] Two dirs") == 1
+    assert said in capsys.readouterr().err
+    assert snapshot(repo_ws.repo) == before

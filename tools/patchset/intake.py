@@ -191,6 +191,10 @@ def _plain_blocks(lines: list[str], base_mode: BaseMode) -> tuple[list[str], lis
             and at + 1 < len(lines)
             and lines[at + 1].startswith("+++ ")
         ):
+            unsaid = next((why for rule, why in _DIFF_NOTICES if rule.match(lines[at])), None)
+            if unsaid:
+                shown = lines[at].encode("latin-1").decode("utf-8", "replace")
+                problems.append(f"{shown!r}: {unsaid}")
             at += 1
             continue
         try:
@@ -245,6 +249,16 @@ def _plain_blocks(lines: list[str], base_mode: BaseMode) -> tuple[list[str], lis
         problems.append("no file diffs found")
     return blocks, problems
 
+
+_DIFF_NOTICES = (
+    (re.compile(r"^Binary files .* differ$"), "a binary change, which a patch cannot carry"),
+    (re.compile(r"^Files .* and .* differ$"), "a change diff -q left out (diff -ruN, not -q)"),
+    (re.compile(r"^Only in .*: "), "a file only one side has, left out (diff -ruN adds it)"),
+    (re.compile(r"^File .* is a .* while file .* is a "), "a file type change"),
+    (re.compile(r"^Common subdirectories: "), "directories diff did not compare (diff -ruN)"),
+)
+"""diff(1)'s notices of a difference its output does not carry: each one refuses the import
+(the diff would be applied as if that change did not exist)."""
 
 _EPOCH = re.compile(r"\t(?:1970-01-01|1969-12-31)[ T]00?:?")
 """The timestamp ``diff -N`` writes for the absent side of an added or deleted file."""
