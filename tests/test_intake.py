@@ -270,3 +270,27 @@ def test_a_diff_notice_of_a_change_it_does_not_carry_refuses_the_import(
     assert repo_ws.cli("import", str(diff), "--subject", "[Test] Two dirs") == 1
     assert said in capsys.readouterr().err
     assert snapshot(repo_ws.repo) == before
+
+
+@pytest.mark.parametrize("subject", ["[Test] One\nFrom: Evil <e@x>", "[Test] One\rTwo"])
+def test_a_subject_with_a_line_break_is_refused(
+    repo_ws: Workspace, tmp_path, capsys, subject: str
+) -> None:
+    """`--subject` with a newline or CR would write header lines nobody wrote (issue 48, N5)."""
+    diff = tmp_path / "u.diff"
+    diff.write_bytes(b"--- a/pkg/a.py\n+++ b/pkg/a.py\n@@ -1 +1 @@\n-a0 = 0\n+a0 = 9\n")
+    before = snapshot(repo_ws.repo)
+    assert repo_ws.cli("import", str(diff), "--subject", subject) == 1
+    assert "control character or a line break" in capsys.readouterr().err
+    assert snapshot(repo_ws.repo) == before
+
+
+def test_a_description_git_am_would_cut_stops_lock(repo_ws: Workspace, capsys) -> None:
+    """A description line git am reads as the diff's start passed `lock` and export, and git
+    am then dropped the rest of the message and the sign-off (issue 48, N3)."""
+    path = repo_ws.repo / "patches" / FIRST[0]
+    text = path.read_bytes()
+    head, sep, rest = text.partition(b"\n\n")
+    path.write_bytes(head + sep + b"diff -u shows the change below.\n\n" + rest)
+    assert repo_ws.cli("lock") == 1
+    assert "git am would take it for the start of the diff" in capsys.readouterr().err

@@ -97,3 +97,85 @@ def test_not_a_format_patch_file_is_refused() -> None:
 
     with pytest.raises(PatchFormatError, match="not a git format-patch file"):
         parse_header(b"Subject: x\n\n")
+
+
+# -- what git am would cut (issue 48, N3) ------------------------------------------------------
+
+CUT_CANDIDATES = [
+    "diff -u a/x b/x",
+    "diff --git a/x b/x",
+    "Index: vllm/x.py",
+    "---",
+    "--- ",
+    "---\t",
+    "--- a/x.py",
+    "---- not a break",
+    "-- not one either",
+    "--x",
+    "diffs are fine",
+    "Index:nospace",
+    "  diff -u indented is fine",
+    "From 0123456789abcdef0123456789abcdef01234567 Mon Sep 17 00:00:00 2001",
+    "From someone Mon Dec  5 12:34:56 1999",
+    "From the H200 runs at 12:34:56 today",
+    "From the H200, the two runs agree.",
+    "From x 1:2:3 2001",
+]
+
+
+def _git_mailinfo_keeps(line: str, tmp_path) -> bool:
+    import subprocess
+
+    mail = f"From: A <a@example.invalid>\nSubject: [T] x\n\nfirst\n{line}\nlast\n"
+    proc = subprocess.run(
+        ["git", "mailinfo", str(tmp_path / "msg"), str(tmp_path / "patch")],
+        input=mail.encode(),
+        capture_output=True,
+        check=True,
+    )
+    assert proc.returncode == 0
+    return "last" in (tmp_path / "msg").read_text()
+
+
+def _git_mailsplit_count(line: str, tmp_path) -> int:
+    import subprocess
+
+    head = "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+    mbox = tmp_path / "in.mbox"
+    mbox.write_text(f"{head}From: A <a@example.invalid>\nSubject: [T] x\n\nfirst\n{line}\nlast\n")
+    out = tmp_path / "split"
+    out.mkdir(exist_ok=True)
+    proc = subprocess.run(
+        ["git", "mailsplit", f"-o{out}", str(mbox)], capture_output=True, text=True, check=True
+    )
+    return int(proc.stdout.strip())
+
+
+@pytest.mark.parametrize("line", CUT_CANDIDATES)
+def test_the_cut_rules_agree_with_git_itself(line: str, tmp_path) -> None:
+    """git_am_patch_break / git_mailsplit_from_line say what this machine's git does."""
+    from patchset.patchfile import git_am_patch_break, git_mailsplit_from_line
+
+    assert git_am_patch_break(line) is not _git_mailinfo_keeps(line, tmp_path)
+    assert git_mailsplit_from_line(line) is (_git_mailsplit_count(line, tmp_path) == 2)
+
+
+@pytest.mark.parametrize(
+    ("description", "said"),
+    [
+        ("Why.\ndiff -u a b shows it.", "start of the diff"),
+        ("Why.\n--- below, the numbers", "start of the diff"),
+        ("Why.\nFrom x Mon Dec  5 12:34:56 1999 on", "start of another mail"),
+    ],
+)
+def test_a_description_git_am_would_cut_is_refused(description: str, said: str) -> None:
+    header = make((("Upstream-Status", "Pending"), ("Signed-off-by", "A <a@b.c>")))
+    header = PatchHeader(**{**header.__dict__, "description": description})
+    problems = header_problems(header)
+    assert any(said in p and "description line 2" in p for p in problems), problems
+
+
+def test_a_subject_with_a_control_character_is_refused() -> None:
+    header = make((("Upstream-Status", "Pending"), ("Signed-off-by", "A <a@b.c>")))
+    header = PatchHeader(**{**header.__dict__, "subject": "[T] x\rFrom: evil"})
+    assert any("control character" in p for p in header_problems(header))

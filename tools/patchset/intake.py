@@ -26,7 +26,7 @@ from patchset.errors import PatchDoesNotApply, PatchFormatError
 from patchset.hashing import git_blob_id
 from patchset.lockfile import LOCK_FILE, BaseReader, compute_lock, lock_to_json, pin_digests
 from patchset.model import Patch, PatchHeader
-from patchset.patchfile import _split_trailers, serialise_header
+from patchset.patchfile import _split_trailers, has_control, serialise_header
 from patchset.repowrite import commit_repo, repo_lock
 from patchset.series import (
     NAME_RE,
@@ -390,6 +390,12 @@ def _import_locked(
     subject = subject or incoming.subject
     if not subject:
         raise PatchFormatError("the input has no Subject", hint="pass --subject '[Tag] Title'")
+    if has_control(subject):
+        raise PatchFormatError(
+            f"subject {subject!r} holds a control character or a line break: the mail header "
+            "would get lines you did not write",
+            hint="pass --subject '[Tag] Title' on one line",
+        )
     if not _TAGGED.match(subject):
         raise PatchFormatError(
             f"subject {subject!r} is not of the form '[Tag] Title'",

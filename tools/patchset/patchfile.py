@@ -126,7 +126,54 @@ def header_problems(header: PatchHeader) -> list[str]:
             problems.append(reason)
     if not header.trailer_values("Signed-off-by"):
         problems.append("header has no 'Signed-off-by:' trailer")
+    if has_control(header.subject):
+        problems.append(f"subject {header.subject!r} holds a control character (one line only)")
+    for number, line in enumerate(header.description.split("\n"), start=1):
+        if git_am_patch_break(line):
+            problems.append(
+                f"description line {number} {line!r}: git am would take it for the start of "
+                "the diff and drop the rest of the message (indent it)"
+            )
+        elif git_mailsplit_from_line(line):
+            problems.append(
+                f"description line {number} {line!r}: git am would take it for the start of "
+                "another mail (indent it)"
+            )
     return problems
+
+
+def has_control(text: str) -> bool:
+    """Whether ``text`` holds a control character or a line break of any kind (a mail header
+    field written from it would become several lines)."""
+    return any(ord(c) < 0x20 or ord(c) == 0x7F or c in "\x85\u2028\u2029" for c in text)
+
+
+def git_am_patch_break(line: str) -> bool:
+    """Whether ``git mailinfo`` ends the commit message at ``line`` (its ``patchbreak``):
+    ``diff -``, ``Index: ``, ``--- <name>``, or ``---`` followed only by whitespace."""
+    if line.startswith(("diff -", "Index: ")):
+        return True
+    if not line.startswith("---"):
+        return False
+    rest = line[3:]
+    if rest[:1] == " " and rest[1:2] and not rest[1:2].isspace():
+        return True
+    return rest.strip() == ""
+
+
+def git_mailsplit_from_line(line: str) -> bool:
+    """Whether ``git mailsplit`` starts a new mail at ``line`` (its ``is_from_line``): ``From ``,
+    at least 20 characters, and a ``hh:mm:ss year`` (year > 90) around its last colon."""
+    if len(line) + 1 < 20 or not line.startswith("From "):
+        return False
+    colon = line.rfind(":", 5, len(line) - 1)  # git searches back from the second-last char
+    if colon < 5 or colon + 2 >= len(line):
+        return False
+    digits = (line[colon - 4], line[colon - 2], line[colon - 1], line[colon + 1], line[colon + 2])
+    if not all(d.isdigit() and d.isascii() for d in digits):
+        return False
+    year = re.match(r"\s*([+-]?\d+)", line[colon + 3 :])
+    return bool(year) and int(year.group(1)) > 90  # type: ignore[union-attr]
 
 
 def upstream_status_problem(value: str) -> str | None:
