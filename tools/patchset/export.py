@@ -34,6 +34,7 @@ from typing import Literal, Protocol
 
 from patchset.errors import ExternalToolError, PatchsetError, SeriesError
 from patchset.gitops import ScratchRepo, series_checkout_state
+from patchset.mailfrom import from_field, git_ident_name, identity_parts, mail_parts
 from patchset.model import Patch
 from patchset.patchfile import serialise_header, split_patch
 
@@ -198,6 +199,9 @@ def mbox_bytes(patch: Patch, data: bytes, signer: str | None = None) -> bytes:
     ]
     header = replace(patch.header, trailers=tuple(trailers))
     if signer is not None:
+        # the name as git records it in the commit and in `git commit -s`'s sign-off
+        name, address = identity_parts(signer)
+        signer = f"{git_ident_name(name)} <{address}>"
         trailers = [
             (key, value)
             for key, value in trailers
@@ -205,6 +209,9 @@ def mbox_bytes(patch: Patch, data: bytes, signer: str | None = None) -> bytes:
         ]
         trailers.append(("Signed-off-by", signer))
         header = replace(header, author=signer, trailers=tuple(trailers))
+    # the author as git format-patch writes it (quoted or encoded where git would)
+    name, address = identity_parts(signer) if signer is not None else mail_parts(header.author)
+    header = replace(header, author=from_field(name, address))
     return serialise_header(header).rstrip(b"\n") + b"\n---\n" + diff
 
 
