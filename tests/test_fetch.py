@@ -18,6 +18,7 @@ from patchset.fetch import (
     fetch_all,
     fetch_pin,
     pinned_file,
+    pristine_manifest,
     pristine_tree,
     unpack_sdist,
 )
@@ -279,6 +280,63 @@ def test_pristine_tree_is_read_only_and_reused(
     assert pristine_tree("pkg", root=root, offline=True) == tree
     assert not marker.exists() and init.read_bytes() == b"X = 1\n"
     os.chmod(init, 0o644)
+
+
+def test_an_edited_pristine_list_is_unpacked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stamp vouches for the file list too: an edited list is a stale unpack, made again."""
+    monkeypatch.delenv("PATCHSET_CACHE", raising=False)
+    root = make_repo(tmp_path)
+    tree = pristine_tree("pkg", root=root, offline=True)
+    listing = root / "build" / "base" / "pkg.files.json"
+    good = pristine_manifest("pkg", root=root)
+    assert good["pkg/__init__.py"] == sha256_bytes(b"X = 1\n")
+    listing.write_text(listing.read_text().replace(good["pkg/__init__.py"], "0" * 64))
+    with pytest.raises(PinError, match="is not the file list"):
+        pristine_manifest("pkg", root=root)
+    assert pristine_tree("pkg", root=root, offline=True) == tree
+    assert pristine_manifest("pkg", root=root) == good
+
+
+def test_lock_names_an_edited_pristine_file_instead_of_trusting_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`lock` and `lock --check` read the pristine base file by file against its unpacked
+    list: an edited build/base file is named and series.lock is not rewritten (issue 48, N7;
+    before, the lock was recomputed from the edited file with exit 0)."""
+    from conftest import patch_bytes
+    from patchset.cli import main
+
+    monkeypatch.delenv("PATCHSET_CACHE", raising=False)
+    source = b"".join(b"x%d = %d\n" % (i, i) for i in range(8))
+    data = make_sdist({"pkg/mod.py": source}, top="vllm-1.0")
+    root = tmp_path / "repo"
+    (root / ".cache" / "patchset").mkdir(parents=True)
+    (root / ".cache" / "patchset" / "vllm-1.0.tar.gz").write_bytes(data)
+    (root / "pins.toml").write_text(
+        "schema_version = 1\n[vllm.sdist]\n"
+        'requirement = "vllm==1.0"\nfilename = "vllm-1.0.tar.gz"\n'
+        f'sha256 = "{sha256_bytes(data)}"\npip_args = []\ntop_dir = "vllm-1.0"\n'
+        "[vllm.sdist.env]\n"
+    )
+    (root / "patches" / "vllm").mkdir(parents=True)
+    changed = source.replace(b"x3 = 3\n", b"x3 = 30\n")
+    name = "vllm/0001-three.patch"
+    (root / "patches" / name).write_bytes(patch_bytes({"pkg/mod.py": (source, changed)}))
+    (root / "series").write_text(name + "\n")
+    assert main(["-C", str(root), "lock"]) == 0
+    lock = (root / "series.lock").read_bytes()
+    edited = root / "build" / "base" / "vllm" / "pkg" / "mod.py"
+    os.chmod(edited, 0o644)
+    edited.write_bytes(source.replace(b"x0 = 0\n", b"x0 = 'edited'\n"))
+    capsys.readouterr()
+    assert main(["-C", str(root), "lock"]) == 1
+    assert main(["-C", str(root), "lock", "--check"]) == 1
+    err = capsys.readouterr().err
+    assert f"{edited.relative_to(root / 'build' / 'base' / 'vllm')}" in err
+    assert "the unpacked base was edited" in err
+    assert (root / "series.lock").read_bytes() == lock
 
 
 # ----------------------------------------------------------------------------- the real pip runner

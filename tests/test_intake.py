@@ -245,9 +245,10 @@ def test_a_bad_name_is_refused_before_anything_is_written(
     ("flags", "new_side", "said"),
     [
         ("-ru", {"pkg/added.py": b"ADDED = 1\n"}, "Only in new/pkg: added.py"),
+        ("-ru", {"pkg/0early.py": b"EARLY = 1\n"}, "Only in new/pkg: 0early.py"),
         ("-ruN", {"pkg/blob.bin": b"\x00\x01binary\x00"}, "Binary files old/pkg/blob.bin"),
     ],
-    ids=["only-in", "binary"],
+    ids=["only-in", "only-in-first", "binary"],
 )
 def test_a_diff_notice_of_a_change_it_does_not_carry_refuses_the_import(
     repo_ws: Workspace, tmp_path, capsys, flags: str, new_side: dict[str, bytes], said: str

@@ -25,6 +25,7 @@ from patchset.errors import (
     PinError,
     TreeStateError,
 )
+from patchset.hashing import sha256_bytes
 from patchset.journal import os_error_text
 from patchset.lockfile import (
     BaseReader,
@@ -238,16 +239,34 @@ def cmd_refresh(args: argparse.Namespace, repo: Path) -> int:
     return 0 if result.changed else 2
 
 
-def _dir_reader(root: Path) -> BaseReader:
+def _dir_reader(root: Path, expected: dict[str, str] | None = None) -> BaseReader:
+    """Reads paths of the base tree ``root``; with ``expected`` (the pristine tree's file list)
+    each file read must be the one unpacked: an edited, added or removed file is an error."""
     tree = Tree(root.resolve())
 
     def read(path: str) -> bytes | None:
         problem = tree.symlink_problem(path)
         if problem:
             raise PatchsetError(f"base tree {root}: {problem}")
-        return tree.read(path)
+        data = tree.read(path)
+        if expected is not None and (
+            (data is None) != (path not in expected)
+            or (data is not None and sha256_bytes(data) != expected[path])
+        ):
+            raise PinError(
+                f"{root}/{path} is not the pinned sdist's file (the unpacked base was edited)",
+                hint="remove build/base (make clean) and run again; the lock is not at fault",
+            )
+        return data
 
     return read
+
+
+def _pristine_reader(target: str, repo: Path, offline: bool = False) -> BaseReader:
+    from patchset.fetch import pristine_manifest, pristine_tree
+
+    tree = pristine_tree(target, root=repo, offline=offline)
+    return _dir_reader(tree, pristine_manifest(target, root=repo))
 
 
 def _bases(
@@ -267,13 +286,7 @@ def _bases(
         elif tree_view and target in tree_view:
             readers[target] = tree_view[target]
         else:
-            try:
-                from patchset.fetch import pristine_tree
-            except ImportError as exc:
-                raise LockError(
-                    f"no base tree for {target} ({exc})", hint=f"pass --base {target}=DIR"
-                ) from exc
-            readers[target] = _dir_reader(pristine_tree(target, root=repo))
+            readers[target] = _pristine_reader(target, repo)
     return readers
 
 
@@ -299,7 +312,9 @@ def cmd_import(args: argparse.Namespace, repo: Path) -> int:
     base_dir = _pristine_bases(args, repo, [target])[target]
     series = load_series(repo)
     bases = _bases(args, repo, series)
-    bases[target] = _dir_reader(base_dir)
+    given = {t if sep else "vllm" for t, sep, _ in (s.rpartition("=") for s in args.base or [])}
+    # a --base tree is the user's; the pristine one is checked file by file as it is read
+    bases[target] = _dir_reader(base_dir) if target in given else _pristine_reader(target, repo)
     identity = git_identity(repo)
 
     def base_mode(path: str) -> str | None:
@@ -522,7 +537,6 @@ def cmd_export(args: argparse.Namespace, repo: Path) -> int:
         test_run_record,
         write_file_atomic,
     )
-    from patchset.hashing import sha256_bytes
     from patchset.pins import load_pins
     from patchset.rebase import pinned_version, refuse_inside_series
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shlex
 import shutil
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Literal
 
 from .errors import ExternalToolError, HashMismatch, PatchsetError, PinError
-from .hashing import sha256_file
+from .hashing import sha256_bytes, sha256_file
 from .index import download_from_index
 from .pins import Pin, Pins, find_root, load_pins
 
@@ -265,25 +266,62 @@ def _unsafe_members(members: Sequence[tarfile.TarInfo], top_dir: str) -> list[st
 def pristine_tree(target: str, *, root: Path | None = None, offline: bool = False) -> Path:
     """A read-only unpack of pin ``[target.sdist]`` under ``build/base/``, made once, reused.
 
-    The stamp ``build/base/<target>.pin`` (written last) holds the sdist sha256; a tree without
-    a matching stamp (interrupted unpack, new pin) is removed and unpacked again.
+    Beside it, ``<target>.files.json`` lists every file's sha256 as unpacked, and the stamp
+    ``<target>.pin`` (written last) holds the sdist sha256 and the list's; a tree without a
+    matching stamp and list (interrupted unpack, new pin, an edited list) is removed and
+    unpacked again. The files themselves are checked where they are read
+    (:func:`pristine_manifest`).
     """
     root = root or find_root()
     pin = load_pins(root / "pins.toml").get(target, "sdist")
     base = root / "build" / "base"
     tree = base / target
     stamp = base / f"{target}.pin"
+    listing = base / f"{target}.files.json"
     base.mkdir(parents=True, exist_ok=True)
     with file_lock(base / f".{target}.lock"):
-        if tree.is_dir() and stamp.is_file() and stamp.read_text().strip() == pin.sha256:
+        if tree.is_dir() and _stamp_holds(stamp, listing, pin.sha256):
             return tree
         stamp.unlink(missing_ok=True)
         if tree.exists():
             _remove_tree(tree)
         unpack_sdist(target, tree, root=root, offline=offline)
         _make_read_only(tree)
-        stamp.write_text(pin.sha256 + "\n")
+        data = json.dumps(_file_digests(tree), sort_keys=True, indent=0).encode("utf-8")
+        listing.write_bytes(data)
+        stamp.write_text(f"{pin.sha256} {sha256_bytes(data)}\n")
     return tree
+
+
+def pristine_manifest(target: str, *, root: Path | None = None) -> dict[str, str]:
+    """Path -> sha256 of every file of ``target``'s pristine tree as it was unpacked (the list
+    its stamp vouches for). A reader of the tree compares each file it reads with it, so an
+    edited ``build/base`` is named instead of trusted."""
+    root = root or find_root()
+    pin = load_pins(root / "pins.toml").get(target, "sdist")
+    base = root / "build" / "base"
+    listing = base / f"{target}.files.json"
+    if not _stamp_holds(base / f"{target}.pin", listing, pin.sha256):
+        raise PinError(
+            f"{listing} is not the file list of the pinned {target} sdist",
+            hint="remove build/base (make clean) and run again",
+        )
+    return dict(json.loads(listing.read_text(encoding="utf-8")))
+
+
+def _stamp_holds(stamp: Path, listing: Path, sdist_sha256: str) -> bool:
+    if not stamp.is_file() or not listing.is_file():
+        return False
+    return stamp.read_text().split() == [sdist_sha256, sha256_bytes(listing.read_bytes())]
+
+
+def _file_digests(tree: Path) -> dict[str, str]:
+    out = {}
+    for dirpath, _dirs, files in os.walk(tree):
+        for name in files:
+            path = Path(dirpath, name)
+            out[path.relative_to(tree).as_posix()] = sha256_bytes(path.read_bytes())
+    return out
 
 
 @contextlib.contextmanager

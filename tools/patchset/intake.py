@@ -26,7 +26,7 @@ from patchset.errors import PatchDoesNotApply, PatchFormatError
 from patchset.hashing import git_blob_id
 from patchset.lockfile import LOCK_FILE, BaseReader, compute_lock, lock_to_json, pin_digests
 from patchset.model import Patch, PatchHeader
-from patchset.patchfile import _split_trailers, has_control, serialise_header
+from patchset.patchfile import _split_trailers, git_am_patch_break, has_control, serialise_header
 from patchset.repowrite import commit_repo, repo_lock
 from patchset.series import (
     NAME_RE,
@@ -104,7 +104,16 @@ def _diff_start(text: str) -> int | None:
     if git:
         return git.start()
     plain = re.search(r"^--- .*\n\+\+\+ .*\n", text, re.MULTILINE)
-    return plain.start() if plain else None
+    if plain is None:
+        return None
+    # what precedes the first file diff belongs to the diff from where git mailinfo would cut
+    # (diff's own `diff -ruN a b` / `Index:` lines) or diff(1) notes a change (`Only in ...`)
+    at = 0
+    for line in text[: plain.start()].splitlines(keepends=True):
+        if git_am_patch_break(line.rstrip("\n")) or any(r.match(line) for r, _ in _DIFF_NOTICES):
+            return at
+        at += len(line)
+    return plain.start()
 
 
 def _strip_signature(diff: str) -> str:
