@@ -86,7 +86,10 @@ def _tree_target(args: argparse.Namespace, repo: Path) -> tuple[Tree, str]:
 
 
 def _tree(args: argparse.Namespace, repo: Path, target: str) -> Tree:
+    from patchset.outputs import refuse_inside_series
+
     root = Path(args.tree) if args.tree else repo / "build" / target
+    refuse_inside_series(repo, root, "--tree")  # apply/unapply/refresh write there
     return Tree(root.resolve())
 
 
@@ -123,9 +126,9 @@ def _release(repo: Path, target: str) -> str | None:
 
 def cmd_apply(args: argparse.Namespace, repo: Path) -> int:
     target = _target(args, args.upto)
+    tree = _tree(args, repo, target)
     patches = for_target(load_series(repo), target)
     lock = load_lock(repo)
-    tree = _tree(args, repo, target)
     unpack = lambda: _create_tree(tree, repo, target)  # noqa: E731
     try:
         with created_if_missing(tree.root, unpack, args.wait, _info):
@@ -437,9 +440,13 @@ def cmd_fetch(args: argparse.Namespace, repo: Path) -> int:
 
 
 def cmd_wheel(args: argparse.Namespace, repo: Path) -> int:
+    from patchset.outputs import refuse_inside_series
     from patchset.series import for_target, load_series
     from patchset.wheel import RECEIPTS, wheel_from_series
 
+    for option, value in (("--out", args.out), ("--tree", args.tree)):
+        if value:
+            refuse_inside_series(repo, Path(value), option)
     # Without --target: the vLLM wheel (--tree), then the b12x wheel (build/b12x) when the
     # series patches b12x; an unpatched b12x is installed from its pinned wheel as is.
     targets = [args.target] if args.target else ["vllm"]
@@ -535,14 +542,16 @@ def cmd_export(args: argparse.Namespace, repo: Path) -> int:
         signer_identity,
         table,
         test_run_record,
-        write_file_atomic,
     )
+    from patchset.outputs import refuse_inside_series, write_file_atomic
     from patchset.pins import load_pins
-    from patchset.rebase import pinned_version, refuse_inside_series
+    from patchset.rebase import pinned_version
 
     started = time.monotonic()
     dest = Path(args.to).resolve() if args.to else repo / "dist" / "export"
     refuse_inside_series(repo, dest, "--to")  # the arguments first, then the environment
+    if args.json:
+        refuse_inside_series(repo, Path(args.json), "--json")
     env = _test_env(args.test_env)
     signer = signer_identity(repo)
     with repo_lock(repo):  # the series, its patch files and the mboxes made from them agree
@@ -629,7 +638,9 @@ def cmd_export(args: argparse.Namespace, repo: Path) -> int:
         }
         for r in results
     }
-    (dest / "check.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    write_file_atomic(
+        dest / "check.json", (json.dumps(report, indent=2, sort_keys=True) + "\n").encode()
+    )
     for r in results:
         if r.tests is not None and r.tests.ok is False and args.verbose:
             _info(f"== {r.name}: test output")
@@ -693,8 +704,11 @@ def _hooks_python(args: argparse.Namespace, repo: Path) -> Callable[[HookConfig]
 
 
 def cmd_rebase(args: argparse.Namespace, repo: Path) -> int:
+    from patchset.outputs import refuse_inside_series, write_file_atomic
     from patchset.rebase import report_json, run_rebase
 
+    if args.json:
+        refuse_inside_series(repo, Path(args.json), "--json")
     (repo / "build").mkdir(exist_ok=True)
     with repo_lock(repo):  # reads the series while no import/refresh/lock changes it
         report = run_rebase(
@@ -719,7 +733,7 @@ def cmd_rebase(args: argparse.Namespace, repo: Path) -> int:
     if args.json:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(report_json(report), encoding="utf-8")
+        write_file_atomic(out, report_json(report).encode("utf-8"))
         _info(f"Wrote {out}")
     if args.dry_run:
         return 0

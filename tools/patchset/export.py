@@ -36,6 +36,7 @@ from patchset.errors import ExternalToolError, PatchsetError, SeriesError
 from patchset.gitops import ScratchRepo, series_checkout_state
 from patchset.mailfrom import from_field, git_ident_name, identity_parts, mail_parts
 from patchset.model import Patch
+from patchset.outputs import replace_dir
 from patchset.patchfile import serialise_header, split_patch
 
 SERIES_TRAILERS = ("upstream-status", "depends-on")
@@ -299,49 +300,40 @@ def export_patches(
     *,
     signer: str | None = None,
 ) -> list[Exported]:
-    """Write ``<dest>/<target>/<stem>.mbox`` and ``.pr.md`` for every selected patch, signed
-    off by ``signer`` (``Name <email>``; the series' own trailers when None) and, in
-    ``<dest>/<target>/series.mbox``, the selection as one ``git am``-able series."""
+    """Make ``dest`` hold ``<target>/<stem>.mbox`` and ``.pr.md`` for every selected patch,
+    signed off by ``signer`` (``Name <email>``; the series' own trailers when None) and, in
+    ``<target>/series.mbox``, the selection as one ``git am``-able series: nothing else. The
+    directory is built aside and swapped in whole (:func:`outputs.replace_dir`): a killed
+    export leaves the previous run's files, never a mix of two runs."""
     out = []
+    files: dict[str, bytes] = {}
+    mboxes: dict[str, list[bytes]] = {}
     for patch in selected:
         data = (repo / "patches" / patch.name).read_bytes()
         deps = tuple(p.name for p in dependency_closure(patch, patches))
-        stem = dest / patch.name.removesuffix(".patch")
-        stem.parent.mkdir(parents=True, exist_ok=True)
-        mbox = stem.with_name(stem.name + ".mbox")
-        body = stem.with_name(stem.name + ".pr.md")
-        write_file_atomic(mbox, mbox_bytes(patch, data, signer))
+        stem = patch.name.removesuffix(".patch")
+        mbox = mbox_bytes(patch, data, signer)
         titles = tuple(
             upstream_subject(p.header.subject) for p in dependency_closure(patch, patches)
         )
-        write_file_atomic(body, pr_body(patch, titles).encode("utf-8"))
+        files[f"{stem}.mbox"] = mbox
+        files[f"{stem}.pr.md"] = pr_body(patch, titles).encode("utf-8")
+        mboxes.setdefault(patch.target, []).append(mbox if mbox.endswith(b"\n") else mbox + b"\n")
         out.append(
             Exported(
                 patch.name,
-                mbox,
-                body,
+                dest / f"{stem}.mbox",
+                dest / f"{stem}.pr.md",
                 upstream_subject(patch.header.subject),
                 deps,
                 test_files(patch),
                 tuple(export_problems(patch)),
             )
         )
-    for target in sorted({p.target for p in selected}):
-        mboxes = [
-            e.mbox.read_bytes() for p, e in zip(selected, out, strict=True) if p.target == target
-        ]
-        write_file_atomic(
-            dest / target / "series.mbox",
-            b"".join(m if m.endswith(b"\n") else m + b"\n" for m in mboxes),
-        )
+    for target, parts in mboxes.items():
+        files[f"{target}/series.mbox"] = b"".join(parts)
+    replace_dir(dest, files)
     return out
-
-
-def write_file_atomic(path: Path, data: bytes) -> None:
-    """``path`` holds ``data`` whole or keeps what it held (a temporary sibling, renamed)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 # -- standalone check --------------------------------------------------------------------------

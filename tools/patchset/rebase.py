@@ -47,6 +47,7 @@ from patchset.fetch import (
 from patchset.gitops import UNMERGED_STATES, ScratchRepo
 from patchset.hashing import sha256_file
 from patchset.model import Patch
+from patchset.outputs import refuse_inside_series
 from patchset.patchfile import split_patch
 from patchset.pins import Pin
 
@@ -560,19 +561,6 @@ def write_rebased(
     (dest / "pins.toml").write_text(pins_text, encoding="utf-8")
     (dest / "rebase-report.json").write_text(report_json(report), encoding="utf-8")
     return entries
-
-
-def refuse_inside_series(root: Path, dest: Path, option: str) -> None:
-    """Refuse an output directory inside the checkout's ``patches/`` (every file there must be
-    a listed patch: anything else makes every command refuse the series)."""
-    patches = (root / "patches").resolve()
-    where = dest.resolve()
-    if where == patches or patches in where.parents:
-        raise PatchsetError(
-            f"{option} {dest} is inside {patches}: files there that are not listed patches make "
-            "every command refuse the series; nothing was written",
-            hint=f"choose a directory outside patches/ with {option} (e.g. under build/ or dist/)",
-        )
 
 
 def _write_staged(dest: Path, write: Callable[[Path], None]) -> None:
