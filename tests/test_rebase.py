@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import patch_bytes, snapshot, write_tree
-from patchset.errors import HashMismatch, PatchsetError
+from patchset.errors import HashMismatch, PatchsetError, PinError
 from patchset.hashing import sha256_bytes
 from patchset.lockfile import load_lock
 from patchset.pins import Pin, load_pins
@@ -466,6 +466,57 @@ def test_a_cached_sdist_is_not_used_over_a_different_file_given(tmp_path: Path, 
     assert first.new.sha256 != second.new.sha256 == sha256_bytes(again.read_bytes())
     stamp = json.loads((tmp_path / "cache/rebase/vllm-2.0.0.tar.gz.check.json").read_text())
     assert stamp == {"sha256": second.new.sha256, "top_dir": "vllm-2.0.0", "version": "2.0.0"}
+
+
+def _sdist_with_a_link(top: str) -> bytes:
+    buf = io.BytesIO(sdist_bytes(top, {"a.py": ONE}))
+    with tarfile.open(fileobj=io.BytesIO(buf.getvalue()), mode="r:gz") as src:
+        members = [(m, src.extractfile(m).read() if m.isfile() else None) for m in src]  # type: ignore[union-attr]
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for member, data in members:
+            tar.addfile(member, io.BytesIO(data) if data is not None else None)
+        link = tarfile.TarInfo(f"{top}/escape")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(link)
+    return out.getvalue()
+
+
+def test_an_sdist_the_unpack_refuses_is_never_cached(tmp_path: Path) -> None:
+    """B8r: an sdist with the right top folder and version but a symlink member passed the
+    check, was cached with a valid stamp, and every later run failed at the unpack."""
+    pin = release_pins(OLD_PIN, "2.0.0")
+    bad = _sdist_with_a_link("vllm-2.0.0")
+
+    def pip(args, env) -> None:
+        (Path(args[args.index("--dest") + 1]) / "vllm-2.0.0.tar.gz").write_bytes(bad)
+
+    cache = tmp_path / "cache"
+    with pytest.raises(PinError, match="unsafe member") as caught:
+        fetch_release(pin, cache, pip=pip)
+    assert any("escape" in d for d in caught.value.details)
+    assert [p.name for p in cache.iterdir()] == []
+
+
+def test_a_bad_cached_sdist_without_a_stamp_is_named_and_deleted(tmp_path: Path) -> None:
+    """B8r: a cached file without a stamp that fails the check was named by a deleted temporary
+    path with a hint about pip, and failed every run; now it is named, deleted, and the next
+    run downloads."""
+    pin = release_pins(OLD_PIN, "2.0.0")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    cached = cache / "vllm-2.0.0.tar.gz"
+    cached.write_bytes(sdist_bytes("vllm-2.0.0", {"a.py": ONE}, version="1.9.0"))
+    good = sdist_bytes("vllm-2.0.0", {"a.py": ONE})
+
+    def pip(args, env) -> None:
+        (Path(args[args.index("--dest") + 1]) / "vllm-2.0.0.tar.gz").write_bytes(good)
+
+    with pytest.raises(PinError) as caught:
+        fetch_release(pin, cache, pip=pip)
+    assert str(cached) in caught.value.message and "deleted the cached" in caught.value.message
+    assert not cached.exists()
+    assert fetch_release(pin, cache, pip=pip)[1] == sha256_bytes(good)
 
 
 # -- issue 32: output directories that would break the series; a full disk while writing ------

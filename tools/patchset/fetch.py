@@ -233,7 +233,7 @@ def extract_sdist(archive: Path, top_dir: str, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive, "r:*") as tar:
         members = tar.getmembers()
-        problems = _unsafe_members(members, top_dir)
+        problems = unsafe_members(members, top_dir)
         if problems:
             raise PinError(
                 f"{archive.name}: refusing to unpack: {len(problems)} unsafe member(s)",
@@ -249,7 +249,9 @@ def extract_sdist(archive: Path, top_dir: str, dest: Path) -> None:
             os.replace(unpacked, dest)
 
 
-def _unsafe_members(members: Sequence[tarfile.TarInfo], top_dir: str) -> list[str]:
+def unsafe_members(members: Sequence[tarfile.TarInfo], top_dir: str) -> list[str]:
+    """Why each member may not be unpacked (outside ``top_dir/``, absolute, ``..``, not a
+    regular file or directory); empty when the archive is safe."""
     problems = []
     for member in members:
         name = member.name

@@ -155,7 +155,15 @@ def fetch_release(
                 details=[f"pip produced: {', '.join(produced) or 'nothing'}"],
             )
         if pin.kind == "sdist":
-            check_sdist(staged, wanted["top_dir"], wanted["version"], source or staged)
+            cached = source is None and target.is_file()
+            try:
+                check_sdist(staged, wanted["top_dir"], wanted["version"], source or target)
+            except PinError as exc:
+                if cached:  # a bad file without a stamp: gone, so the next run downloads
+                    target.unlink(missing_ok=True)
+                    exc.message += f"; deleted the cached {target.name}"
+                    exc.hint = "run the rebase again to download it afresh"
+                raise
         digest = sha256_file(staged)
         stamp.unlink(missing_ok=True)  # no entry claims a check while the file changes
         os.replace(staged, target)
@@ -187,8 +195,12 @@ def _write_stamp(stamp: Path, data: dict[str, str]) -> None:
 
 def check_sdist(archive: Path, top_dir: str, version: str, shown: Path | None = None) -> None:
     """Refuse an sdist that is not ``version``: every member must be under the one top folder
-    ``top_dir``, whose ``PKG-INFO`` must say ``Version: <version>``."""
+    ``top_dir``, whose ``PKG-INFO`` must say ``Version: <version>``, and the archive must be
+    one the unpack accepts (no link, device, absolute or ``..`` member), so nothing is cached
+    that a later step refuses."""
     import tarfile
+
+    from patchset.fetch import unsafe_members
 
     name = shown or archive
     try:
@@ -200,6 +212,11 @@ def check_sdist(archive: Path, top_dir: str, version: str, shown: Path | None = 
                     f"{name}: its top folder is {', '.join(tops) or 'missing'}, the "
                     f"{version} sdist's is {top_dir}: not the release asked for",
                     hint=f"pass the sdist of {version} (--sdist), or let pip fetch it",
+                )
+            unsafe = unsafe_members(members, top_dir)
+            if unsafe:
+                raise PinError(
+                    f"{name}: refusing to unpack: {len(unsafe)} unsafe member(s)", details=unsafe
                 )
             info = next((m for m in members if m.name == f"{top_dir}/PKG-INFO"), None)
             handle = tar.extractfile(info) if info is not None and info.isfile() else None
