@@ -59,6 +59,12 @@ if [ "${1:-}" = stage ]; then
   tree=$(( $(git ls-files -z | xargs -0 stat -c %s | awk '{s += $1} END {print int(s / 1024)}') + $(kib .gpu) ))
   PART_MIB=${PART_MIB:-$(( CALL_MIB - (tree + 1023) / 1024 - 1 ))}
   [ "$PART_MIB" -gt 0 ] || { echo "no room for a part beside the ${tree} KiB tree"; exit 1; }
+  # the vLLM the series is pinned to (stage-build.sh defaults to an older one); FLASHINFER_PIN:
+  # vLLM 0.34.0 pins flashinfer-python 0.7.3, which the package index here does not serve
+  # (../shared/gpu/README.md), so 0.7.4 is staged unless another is named
+  pinned=$(python3 -c 'import tomllib; print(tomllib.load(open("pins.toml", "rb"))["vllm"]["wheel"]["requirement"].split("==")[1])') \
+    || { echo "no vllm.wheel pin in pins.toml"; exit 1; }
+  export VLLM_VERSION=${VLLM_VERSION:-$pinned} FLASHINFER_PIN=${FLASHINFER_PIN:-0.7.4}
   [ -f .gpu-parts/SHA256SUMS ] || bash .gpu/stage-build.sh || { echo "stage-build failed"; exit 1; }
   over=$(find .gpu-parts -name 'chunk.*' -size +$((PART_MIB * 1024))k | head -1)
   if [ -n "$over" ]; then

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import tarfile
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -314,6 +315,7 @@ STAGE_BUILD = """#!/bin/bash
 # order (the 2026-12-02 session moved one by hand; a glob join then misorders the bytes)
 set -e
 cd "$(dirname "$0")/.."
+echo "$VLLM_VERSION $FLASHINFER_PIN" > .gpu-staged-versions
 python3 - <<'PY'
 import hashlib, os, random
 rng = random.Random(7)
@@ -340,11 +342,13 @@ def test_stage_recuts_parts_joined_in_chunk_order_and_sized_for_a_call(tmp_path:
     """`gpu_lease.sh stage` re-cuts parts larger than what a call leaves beside the tree,
     joining the chunks in their names' order whatever folders hold them (the bytes device-
     install.sh reassembles are the original ones), puts the smallest part last, writes
-    checksums that match, and refuses when a call would be over its limit."""
+    checksums that match, stages the pinned vLLM, and refuses when a call would be over its
+    limit."""
     import hashlib
 
     repo = tmp_path / "repo"
     shutil.copytree(REPO / "evidence", repo / "evidence")
+    shutil.copy(REPO / "pins.toml", repo / "pins.toml")
     gpu = repo / ".gpu"
     gpu.mkdir()
     (gpu / "stage-build.sh").write_text(STAGE_BUILD)
@@ -371,6 +375,10 @@ def test_stage_recuts_parts_joined_in_chunk_order_and_sized_for_a_call(tmp_path:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "parts of at most 2 MiB" in out.stdout
+    # the vLLM of pins.toml is staged, not stage-build.sh's own default
+    pinned = tomllib.loads((REPO / "pins.toml").read_text())["vllm"]["wheel"]["requirement"]
+    staged = (repo / ".gpu-staged-versions").read_text().split()
+    assert staged == [pinned.split("==")[1], "0.7.4"]
     parts = repo / ".gpu-parts"
     chunks = sorted(parts.glob("*/chunk.*"), key=lambda p: p.name)
     for kind in ("v", "d"):
