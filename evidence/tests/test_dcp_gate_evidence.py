@@ -102,9 +102,8 @@ def test_calibration_suite_and_the_all_queue_resolve() -> None:
         "needle-calibrate",
         "smoke",
         "patched-variants",
-        # the vLLM 0.34.0 suites run by name, not in the 0.33.0 `all`
-        "base034-eager",
-        "base034-ledger",
+        # the vLLM 0.34.0 suites (base034-*) run by name, not in the 0.33.0 `all`
+        *_base034_suites(),
     } | set(n for q in ("long-prompts",) for n in plans.QUEUES[q])
     assert "answer_logit=7" in plans.NEEDLE_ARGS
 
@@ -192,6 +191,14 @@ def test_merged_suites_keep_every_noise_pair() -> None:
     assert all(merged[k] == v for k, v in eager.items())
 
 
+def _base034_suites() -> list[str]:
+    """The vLLM 0.34.0 suites: named base034-*, run by name (each lease one of them); they
+    reuse the 0.33.0 run names with other prompt lengths, so no queue merges them."""
+    from gate import plans
+
+    return sorted(n for n in plans.SUITES if n.startswith("base034-"))
+
+
 def _queue(name: str) -> dict:
     """The named queue of plans.QUEUES as the one suite `dcp_gate.py --suites NAME` runs."""
     from gate import plans
@@ -252,19 +259,19 @@ def test_every_queue_runs_every_reference_and_a_sensitivity_pass(name: str) -> N
 
 def test_the_all_queue_holds_every_committed_gate() -> None:
     """Every 0.33.0 gate result under results/ is one the `all` queue would produce again, and
-    every 0.34.0 one (name ending in -0.34.0) one the base034-eager suite would."""
+    every 0.34.0 one (name ending in -0.34.0) one a base034-* suite would."""
     from pathlib import Path
 
     from gate import plans
 
     results = Path(__file__).resolve().parents[2] / "results"
     q = _queue("all")
-    q034 = plans.SUITES["base034-eager"]
+    gates034 = {g for n in _base034_suites() for g in plans.SUITES[n]["gates"]}
     for path in results.glob("dcp-gate-*.json"):
         d = json.loads(path.read_text())
         if d.get("kind") == "dcp_gate":
-            queue = q034 if d["name"].endswith("-0.34.0") else q
-            assert d["name"] in queue["gates"], path.name
+            gates = gates034 if d["name"].endswith("-0.34.0") else set(q["gates"])
+            assert d["name"] in gates, path.name
 
 
 def test_the_graphs_end_queue_runs_the_open_rows_with_their_references() -> None:
@@ -337,7 +344,7 @@ def test_the_long_queue_gives_every_light_row_its_32k_prompt() -> None:
     long_names = set(plans.QUEUES["long-prompts"])
     runs: dict[str, dict] = {}
     for suite_name, suite in plans.SUITES.items():
-        if suite_name == "base034-eager":  # the 0.34.0 suite reuses run names with other lens
+        if suite_name in _base034_suites():  # 0.34.0 suites reuse run names with other lens
             continue
         for r in suite["runs"]:
             runs.setdefault(r["name"], r)
@@ -354,7 +361,7 @@ def test_the_long_queue_gives_every_light_row_its_32k_prompt() -> None:
 
     light = {}
     for name, suite in plans.SUITES.items():
-        if name in long_names or name == "base034-eager":  # 0.34.0: 32k twins not planned yet
+        if name in long_names or name in _base034_suites():  # 0.34.0: no 32k twins planned yet
             continue
         for gate, spec in suite["gates"].items():
             ref, cand, kind = dcp_gate.gate_spec(spec)
