@@ -19,6 +19,7 @@ from patchset.export import (
     check_standalone,
     checkout_revision,
     export_patches,
+    body_words,
     export_problems,
     mbox_bytes,
     plan_selections,
@@ -128,6 +129,27 @@ def test_export_problems_name_each_missing_piece() -> None:
     assert any("'[Tag] Title'" in p for p in problems)
     assert any("Test Plan" in p for p in problems)
     assert any("Test Result" in p for p in problems)
+
+
+@pytest.mark.parametrize(("purpose_words", "too_long"), [(288, False), (289, True)])
+def test_a_pr_body_over_300_words_is_a_problem(purpose_words: int, too_long: bool) -> None:
+    """Title (3 words), 'Purpose:' (1), the purpose, 'Test Plan: pytest tests/test_a.py' (4),
+    'Test Result: 3 passed' (4): 300 words pass, 301 do not; the trailers do not count."""
+    description = (
+        "Purpose: "
+        + " ".join(["word"] * purpose_words)
+        + "\n\nTest Plan: pytest tests/test_a.py\n\nTest Result: 3 passed\n"
+    )
+    data = patch_bytes(
+        {"a.py": (LINES, LINES + b"x\n")},
+        subject="[PATCH] [Core] Fix it",
+        description=description,
+    )
+    patch, _ = parse_patch("vllm/0001-x.patch", data)
+    assert patch is not None
+    assert body_words(patch) == 3 + 1 + purpose_words + 4 + 4
+    over = [p for p in export_problems(patch) if "words, over 300" in p]
+    assert bool(over) is too_long
 
 
 def two_patch_repo(tmp_path: Path, *, declare: bool) -> tuple[Path, Path]:

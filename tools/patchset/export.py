@@ -148,12 +148,31 @@ def plan_selections(patch: Patch) -> dict[str, str]:
     return selections
 
 
+BODY_MAX_WORDS = 300
+"""The longest PR body (title and description, trailers apart) a reviewer reads in a minute."""
+
+
+def body_words(patch: Patch) -> int:
+    """Words of the PR body: the upstream title and the description, split at whitespace (a
+    command counts as its arguments; the trailers are not counted)."""
+    return len(upstream_subject(patch.header.subject).split()) + len(
+        patch.header.description.split()
+    )
+
+
 def export_problems(patch: Patch) -> list[str]:
-    """Every reason ``patch`` is not submittable as is (subject, DCO, Test Plan/Result)."""
+    """Every reason ``patch`` is not submittable as is (subject, DCO, Test Plan/Result, a PR
+    body over :data:`BODY_MAX_WORDS` words)."""
     problems = []
     reason = subject_problem(patch.header.subject)
     if reason:
         problems.append(reason)
+    words = body_words(patch)
+    if words > BODY_MAX_WORDS:
+        problems.append(
+            f"the PR body is {words} words, over {BODY_MAX_WORDS}: keep the user problem, the "
+            "change, the Test Plan and today's Test Result; move the rest to design notes"
+        )
     if not patch.header.trailer_values("Signed-off-by"):
         problems.append("no 'Signed-off-by:' trailer (vLLM requires DCO sign-off)")
     description = split_description(patch.header.description)
