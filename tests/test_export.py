@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from patchset.export import (
     OverlayTestRunner,
     TestRun,
+    body_words,
     check_record,
     check_standalone,
     checkout_revision,
     export_patches,
-    body_words,
     export_problems,
     mbox_bytes,
     plan_selections,
