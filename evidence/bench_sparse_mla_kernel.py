@@ -30,16 +30,18 @@ Per row: ``speed_over_flashmla`` = FlashMLA graph time / Triton graph time with 
 default launch (>1: Triton faster), ``speed_over_flashmla_eager`` the same for eager times,
 ``speed_over_flashmla_best`` for the fastest swept point; ``pct_hbm`` = selected records x
 656 B / time as % of 4.8 TB/s. The sweep: kernel variants (``base``; ``flat``: record
-address slot * 656; ``flat_fold``: plus the per-128 scales folded into scores and
-probabilities; ``flat_prefetch``: flat with the next tile's slots and record bytes loaded
-into registers before the current tile is computed; ``flat_prefetch_slots``: only the next
-tile's slots and record offsets loaded ahead), tilings (BLOCK_H, BLOCK_N, warps, stages;
-BLOCK_H 32 at 64 heads: two head blocks per row) and split-KV factors (the two split
-policies and explicit counts). Order under the budget: every row's FlashMLA, default launch
-and every variant with both split policies at the default tiling; then the split policies
-at the other tilings (one tiling at a time over all rows); then explicit split counts
-(``sweep_passes``). ``plan_choice`` ranks the candidate default rules
-(variant x split policy x tiling) over all decode rows from these same measurements.
+address slot * 656; ``flat_prefetch``: flat with the next tile's slots and record bytes
+loaded into registers before the current tile is computed; ``flat_prefetch_slots``: only
+the next tile's slots and record offsets loaded ahead), tilings (BLOCK_H, BLOCK_N, warps,
+stages; BLOCK_H 32 at 64 heads: two head blocks per row) and split-KV factors (the
+planner's two split rules, "occupancy" and "fill", and explicit counts). Every swept point
+is a ``SparseMLAPlan.for_launch`` plan passed to the kernel (``point_plan``); the split
+rules are the kernel module's private ``_occupancy_num_splits`` / ``_fill_num_splits``.
+Order under the budget: every row's FlashMLA, default launch and every variant with both
+split rules at the default tiling; then the split rules at the other tilings (one tiling
+at a time over all rows); then explicit split counts (``sweep_passes``). ``plan_choice``
+ranks the candidate default rules (variant x split rule x tiling) over all decode rows
+from these same measurements.
 Variants are checked against FlashMLA and an fp32 reference (max |diff| of out and LSE).
 
 Triton JIT: every swept kernel is compiled first by --jit-workers processes in parallel
@@ -51,7 +53,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import inspect
 import json
 import math
 import os
@@ -77,23 +78,21 @@ EXTEND_ROWS, EXTEND_CTX = 4096, 32768
 MAX_ROTATION = 128  # most calls (index sets) per captured graph
 DEVICE = torch.device("cuda")
 
-# Kernel variants: launch arguments of sparse_mla_fp8_ds_mla_attention.
+# Kernel variants: SparseMLAPlan.for_launch arguments.
 VARIANTS: dict[str, dict[str, bool]] = {
-    "base": dict(flat_records=False, fold_scales=False),
-    "flat": dict(flat_records=True, fold_scales=False),
-    "flat_fold": dict(flat_records=True, fold_scales=True),
+    "base": dict(flat_records=False),
+    "flat": dict(flat_records=True),
     # The next tile's slots and record bytes loaded into registers ahead (software
     # pipelining by hand), or only its slots and record offsets; bit-identical to "flat".
-    "flat_prefetch": dict(flat_records=True, fold_scales=False, prefetch=True),
-    "flat_prefetch_slots": dict(flat_records=True, fold_scales=False, prefetch_slots=True),
+    "flat_prefetch": dict(flat_records=True, prefetch=True),
+    "flat_prefetch_slots": dict(flat_records=True, prefetch_slots=True),
 }
 # (The bf16 dequantisation variants flat_bf16 / flat_prefetch_bf16 timed 2026-12-01 22:38Z,
-# results/kernel-bench-h200-0.33.0.json at 605d99b, were slower and left the kernel.)
-# Variants that need a kernel launch argument an older kernel file lacks.
-PREFETCH_VARIANTS = ("flat_prefetch", "flat_prefetch_slots")
+# results/kernel-bench-h200-0.33.0.json at 605d99b, were slower and left the kernel; so did
+# flat_fold, the per-128 scales folded into scores and probabilities: slower on every row.)
 # (block_h, block_n, num_warps, num_stages); the first of each list is today's default
-# on 227 KiB-shared-memory GPUs (_TILINGS_BIG). (16, 64, 8, 2) is the fold variant's
-# tiling without register spills in an offline sm_90 compile (design/triton-sparse-mla.md).
+# on 227 KiB-shared-memory GPUs (_TILINGS_BIG). (16, 64, 8, 2): the 8-warp 16-head tiling
+# without register spills in an offline sm_90 compile (design/triton-sparse-mla.md).
 # BLOCK_H 32 at 64 heads: two head blocks per row, each reading the records (the second
 # likely from L2), with half the accumulators per program. The sweep times the other
 # tilings in list order: (BLOCK_H, 64, 8, 2) first (the "auto" launch of <= 4 programs,
@@ -104,7 +103,7 @@ PREFETCH_VARIANTS = ("flat_prefetch", "flat_prefetch_slots")
 # than any 64-record tiling fits; not timed yet). (32, 64, 4, 2) left the list: never a
 # row's best point in the 22:38Z run (at most 1.05x FlashMLA, at 1 row, where (32, 64, 8, 2)
 # gave 1.37x), and it spills 720 B.
-# Split policies of the kernel (narrowed in main() for a kernel file without them).
+# The planner's split rules (point_plan computes their split counts).
 POLICIES: tuple[str, ...] = ("occupancy", "fill")
 TILINGS: dict[int, list[tuple[int, int, int, int]]] = {
     16: [(16, 64, 4, 2), (16, 64, 8, 2), (16, 128, 8, 2)],
@@ -337,22 +336,27 @@ def empty_row_conventions(kern, fm) -> dict[str, Any]:
 # ---------------------------------------------------------------------------
 
 
-def point_kwargs(variant: str, tiling, splits) -> dict[str, Any]:
-    """Launch arguments of one swept point; ``splits`` is a count or a split policy."""
+def point_plan(kern, rows: int, heads: int, variant: str, tiling, splits):
+    """The launch of one swept point: a ``SparseMLAPlan`` of the variant and tiling;
+    ``splits`` is a count or a split rule ("occupancy", "fill"), whose count the kernel
+    module's own rule computes for ``rows`` x head blocks on this GPU."""
     bh, bn, warps, stages = tiling
-    kw: dict[str, Any] = dict(
-        block_h=bh, block_n=bn, num_warps=warps, num_stages=stages, **VARIANTS[variant]
-    )
     if isinstance(splits, str):
-        if POLICIES != ("occupancy",):  # a kernel file older than split_policy
-            kw["split_policy"] = splits
-    else:
-        kw["num_splits"] = splits
-    return kw
-
-
-def plan_of(kern, rows: int, heads: int, kw: dict[str, Any]):
-    return kern.plan_sparse_mla(rows, heads, TOPK, DEVICE, **kw)
+        num_sms = kern._device_info(DEVICE)[0]
+        programs = rows * -(-heads // bh)
+        if splits == "fill":
+            splits = kern._fill_num_splits(programs, TOPK, bn, num_sms)
+        else:
+            splits = kern._occupancy_num_splits(programs, TOPK, bh, bn, num_sms)
+    return kern.SparseMLAPlan.for_launch(
+        TOPK,
+        block_h=bh,
+        block_n=bn,
+        num_warps=warps,
+        num_stages=stages,
+        num_splits=splits,
+        **VARIANTS[variant],
+    )
 
 
 def explicit_splits(programs: int, block_n: int, num_sms: int) -> list[int]:
@@ -387,9 +391,8 @@ def jit_worker(kernel_path: Path, points: list[list[Any]]) -> int:
     for heads, tiling, variant, splits in points:
         q = torch.zeros(1, heads, 576, dtype=torch.bfloat16, device="cuda")
         try:
-            kern.sparse_mla_fp8_ds_mla_attention(
-                q, cache, idx, 0.04, **point_kwargs(variant, tuple(tiling), splits)
-            )
+            plan = point_plan(kern, 1, heads, variant, tuple(tiling), splits)
+            kern.sparse_mla_fp8_ds_mla_attention(q, cache, idx, 0.04, plan=plan)
         except Exception as exc:
             failed += 1
             print(f"jit {heads} {tiling} {variant} {splits}: {exc!r}"[:300], flush=True)
@@ -477,8 +480,8 @@ class Bench:
         return [make(idx) for idx in st["index_sets"]]
 
     def time_point(self, st, row, variant, tiling, splits) -> dict[str, Any] | None:
-        kw = point_kwargs(variant, tiling, splits)
-        plan = plan_of(self.kern, st["rows"], st["heads"], kw)
+        plan = point_plan(self.kern, st["rows"], st["heads"], variant, tiling, splits)
+        kw = dict(plan=plan)
         key = (
             variant,
             plan.block_h,
@@ -562,11 +565,8 @@ class Bench:
         calls = self.triton_calls(st, {})
         row["triton_default_graph_us"] = graph_us(calls, self.args.reps)
         row["triton_default_eager_us"] = eager_us(calls[0])
-        # The benchmark's cache (contiguous 64-token blocks) is what the launcher plans for;
-        # kernel files before the contiguous "auto" launches lack the argument.
-        plan_args = inspect.signature(self.kern.plan_sparse_mla).parameters
-        layout = {"contiguous": True} if "contiguous" in plan_args else {}
-        plan = self.kern.plan_sparse_mla(st["rows"], st["heads"], TOPK, DEVICE, **layout)
+        # The benchmark's cache (contiguous 64-token blocks) is what the launcher plans for.
+        plan = self.kern.plan_sparse_mla(st["rows"], st["heads"], TOPK, DEVICE, contiguous=True)
         row["default_plan"] = dict(plan.__dict__)
         row["triton_default_pct_hbm"] = (
             100 * st["call_bytes"] / (row["triton_default_graph_us"] * 1e-6) / HBM_BYTES_PER_S
@@ -576,7 +576,8 @@ class Bench:
         for variant in VARIANTS:
             for policy in policies:
                 self.time_point(st, row, variant, tiling, policy)
-            self.accuracy(st, row, variant, point_kwargs(variant, tiling, policies[0]))
+            plan = point_plan(self.kern, st["rows"], st["heads"], variant, tiling, policies[0])
+            self.accuracy(st, row, variant, dict(plan=plan))
 
     def finish_row(self, row) -> None:
         pts = [p for p in row["points"] if "graph_us" in p]
@@ -781,12 +782,12 @@ def plan_choice(rows: list[dict[str, Any]]) -> dict[str, Any]:
     def global_rule(r, p):
         if not isinstance(p["splits_arg"], str) or tuple(p["tiling"]) != TILINGS[r["heads"]][0]:
             return None
-        return f"{p['variant']} split_policy={p['splits_arg']} (default tiling)"
+        return f"{p['variant']} {p['splits_arg']} splits (default tiling)"
 
     def heads_rule(r, p):
         if not isinstance(p["splits_arg"], str):
             return None
-        return f"{p['variant']} tiling={tuple(p['tiling'])} split_policy={p['splits_arg']}"
+        return f"{p['variant']} tiling={tuple(p['tiling'])} {p['splits_arg']} splits"
 
     ranked = _rank(decode, global_rule)
     by_heads = {}
@@ -899,22 +900,8 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     kern = load_kernel(args.kernel_path)
-    global POLICIES
-    if not hasattr(kern, "SPLIT_POLICIES"):
-        # A kernel file from before the launch variants: time what it has.
-        POLICIES = ("occupancy",)
-        for name in [n for n in VARIANTS if n != "base"]:
-            del VARIANTS[name]
-        VARIANTS["base"] = {}
-        print("kernel file without launch variants: base variant only", flush=True)
-    else:
-        fields = getattr(kern.SparseMLAPlan, "__dataclass_fields__", {})
-        if "prefetch" not in fields:
-            for name in PREFETCH_VARIANTS:
-                VARIANTS.pop(name, None)
-            print(
-                f"kernel file without prefetch: {', '.join(PREFETCH_VARIANTS)} dropped", flush=True
-            )
+    if not hasattr(getattr(kern, "SparseMLAPlan", None), "for_launch"):
+        raise SystemExit("--kernel-path: a kernel file without SparseMLAPlan.for_launch")
     props = torch.cuda.get_device_properties(0)
     result: dict[str, Any] = dict(
         schema_version=2,

@@ -86,7 +86,6 @@ def plan_points(kern, capability: int) -> list[tuple]:
                         p.num_warps,
                         p.num_stages,
                         p.flat_records,
-                        p.fold_scales,
                         mode,
                     )
                 )
@@ -94,7 +93,7 @@ def plan_points(kern, capability: int) -> list[tuple]:
 
 
 def compile_attention(kern, point, capability: int) -> dict:
-    bh, bn, warps, stages, flat, fold, prefetch = point
+    bh, bn, warps, stages, flat, prefetch = point
     fn = kern._sparse_mla_fp8_ds_mla_fwd_kernel
     ptrs = {
         "q_ptr": "*bf16",
@@ -110,7 +109,6 @@ def compile_attention(kern, point, capability: int) -> dict:
         BLOCK_H=bh,
         BLOCK_N=bn,
         FLAT_RECORDS=flat,
-        FOLD_SCALES=fold,
         PREFETCH=prefetch == "records",
         PREFETCH_SLOTS=prefetch == "slots",
         EMULATE=False,

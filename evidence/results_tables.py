@@ -92,7 +92,7 @@ def policy_num_splits(
     policy: str, programs: int, topk: int, block_h: int, block_n: int, num_sms: int
 ) -> int:
     """The split count of ``policy`` ("fill" or "occupancy") for one launch, as the kernel's
-    ``_fill_num_splits`` / ``_default_num_splits`` (patch 0002) compute it."""
+    ``_fill_num_splits`` / ``_occupancy_num_splits`` (patch 0002) compute it."""
     if policy == "fill":
         target = 2 * num_sms
         want = 1 if programs >= target else min(_cdiv(topk, block_n), _cdiv(target, programs))
@@ -106,9 +106,10 @@ def policy_num_splits(
     return _splits(topk, block_n, max(1, want))
 
 
-# split_policy="auto" of patch 0002 (large-shared-memory GPUs): rows x head-blocks <= 4: the
-# half tile (BLOCK_H, 64, 8, 2) and "fill"; <= 8: the default tiling and "fill"; else the default
-# tiling and "occupancy". Always the base variant (no flat_records, no fold_scales).
+# The automatic plan of patch 0002 on a paged cache (large-shared-memory GPUs): rows x
+# head-blocks <= 4: the half tile (BLOCK_H, 64, 8, 2) and "fill" splits; <= 8: the default tiling
+# and "fill"; else the default tiling and "occupancy". Always the base variant (no flat records,
+# no prefetch).
 AUTO_FEW_PROGRAMS = 4
 AUTO_FILL_PROGRAMS = 8
 
@@ -135,6 +136,12 @@ def auto_rule(e: dict[str, Any], num_sms: int) -> tuple[str, dict[str, Any] | No
     return rule, (same[0] if same else None)
 
 
+def _rule_label(rule: str | None) -> str | None:
+    """A ``plan_choice`` rule as the bench now names it: runs before patch 0002's split rules
+    became private named them ``split_policy=<rule>``."""
+    return None if rule is None else re.sub(r"split_policy=(\w+)", r"\1 splits", rule)
+
+
 def _point_rule(p: dict[str, Any]) -> str:
     return (
         f"{p['variant']} ({', '.join(map(str, p['tiling']))}) {p['splits_arg']} ×{p['num_splits']}"
@@ -153,10 +160,10 @@ def kernel_table(name: str, d: dict[str, Any]) -> list[str]:
         f"Timing: {d['timing']}.",
         "Ratio = FlashMLA time / Triton time (> 1: Triton faster), both CUDA-graph replayed;",
         "eager ratio = the same with both launched eagerly. Default = the kernel file's default",
-        'launch in that run. Auto = the sweep point of the `split_policy="auto"` launch (base',
+        "launch in that run. Auto = the sweep point of the automatic paged-cache launch (base",
         f"variant; rows x head-blocks <= {AUTO_FEW_PROGRAMS}: (BLOCK_H, 64, 8, 2) fill; <= "
         f"{AUTO_FILL_PROGRAMS}: default tiling fill; else default tiling occupancy). Best = the",
-        "fastest sweep point: variant (BLOCK_H, BLOCK_N, warps, stages) split policy ×splits.",
+        "fastest sweep point: variant (BLOCK_H, BLOCK_N, warps, stages) split rule ×splits.",
         "% HBM = record bytes read / time / 4.8 TB/s.",
         "",
     ]
@@ -213,7 +220,7 @@ def kernel_table(name: str, d: dict[str, Any]) -> list[str]:
         out += [
             f"Single rules over all decode rows (the bench's `plan_choice`, accuracy gate "
             f"{json.dumps(choice.get('accuracy_gate'), sort_keys=True)}; recommended: "
-            f"`{choice.get('recommended')}`; best per row at worst "
+            f"`{_rule_label(choice.get('recommended'))}`; best per row at worst "
             f"{ratio(choice.get('oracle_min_speed_over_flashmla'))} in its slowest "
             "heads group):",
             "",
@@ -222,7 +229,7 @@ def kernel_table(name: str, d: dict[str, Any]) -> list[str]:
             ["rule", "rows", "geomean ratio", "min ratio", "accurate"],
             [
                 [
-                    r["rule"],
+                    _rule_label(r["rule"]),
                     r["rows"],
                     ratio(r["geomean_speed_over_flashmla"]),
                     ratio(r["min_speed_over_flashmla"]),

@@ -23,18 +23,18 @@ from pathlib import Path
 
 from sm90_compile import CAPABILITIES, compile_cuda, cuobjdump, load_leaf, resources
 
-# (block_h, block_n, num_warps, num_stages, flat_records, fold_scales, prefetch), prefetch
-# one of PREFETCH_MODES
+# (block_h, block_n, num_warps, num_stages, flat_records, prefetch), prefetch one of
+# PREFETCH_MODES
 PREFETCH_MODES = ("none", "records", "slots")  # -, prefetch=True, prefetch_slots=True
 DEFAULT_POINTS = [
-    (bh, bn, w, st, flat, fold, "none")
+    (bh, bn, w, st, flat, "none")
     for bh, bn, w, st in ((16, 64, 4, 2), (16, 64, 8, 2), (64, 128, 8, 1), (64, 64, 8, 2))
-    for flat, fold in ((False, False), (True, False), (True, True))
+    for flat in (False, True)
 ]
 # --prefetch: flat addressing with and without each prefetch variant, at the tilings the
 # benchmark sweeps (BLOCK_H 32 at 64 heads included).
 PREFETCH_POINTS = [
-    (bh, bn, w, st, True, False, mode)
+    (bh, bn, w, st, True, mode)
     for bh, bn, w, st in (
         (16, 64, 4, 2),
         (16, 64, 8, 2),
@@ -98,7 +98,6 @@ def plan_points(kern, capability: int) -> list[tuple]:
                         p.num_warps,
                         p.num_stages,
                         p.flat_records,
-                        p.fold_scales,
                         mode,
                     )
                 )
@@ -106,7 +105,7 @@ def plan_points(kern, capability: int) -> list[tuple]:
 
 
 def compile_point(kern, point, capability: int = 90) -> dict:
-    bh, bn, warps, stages, flat, fold, prefetch, *rest = point
+    bh, bn, warps, stages, flat, prefetch, *rest = point
     bf16 = bool(rest and rest[0])
     fn = kern._sparse_mla_fp8_ds_mla_fwd_kernel
     names = fn.arg_names
@@ -124,10 +123,11 @@ def compile_point(kern, point, capability: int = 90) -> dict:
         BLOCK_H=bh,
         BLOCK_N=bn,
         FLAT_RECORDS=flat,
-        FOLD_SCALES=fold,
         EMULATE=False,
         ROUND_OUT=False,
     )
+    if "FOLD_SCALES" in names:  # kernel files from before fold_scales left the kernel
+        consts.update(FOLD_SCALES=False)
     if "PREFETCH" in names:  # kernel files from before the prefetch variants lack them
         consts.update(PREFETCH=prefetch == "records", PREFETCH_SLOTS=prefetch == "slots")
     elif prefetch != "none":
@@ -156,7 +156,6 @@ def compile_point(kern, point, capability: int = 90) -> dict:
         num_warps=warps,
         num_stages=stages,
         flat_records=flat,
-        fold_scales=fold,
         prefetch=prefetch,
         bf16_dequant=bf16,
         **resources(res),

@@ -158,6 +158,22 @@ def cache_layout(records: torch.Tensor, block_size: int, layout: str) -> torch.T
     return padded[:, :block_size]
 
 
+def launch(tsm, topk: int, heads: int, num_splits: int | None, block_n: int = 16, **variant):
+    """A launch of BLOCK_H as the default plan's, ``block_n`` records per tile and at most
+    ``num_splits`` splits (None: the default plan, ``plan_sparse_mla``'s)."""
+    if num_splits is None:
+        return None
+    return tsm.SparseMLAPlan.for_launch(
+        topk,
+        block_h=tsm._default_block_h(heads),
+        block_n=block_n,
+        num_warps=4,
+        num_stages=1,
+        num_splits=num_splits,
+        **variant,
+    )
+
+
 def run_and_compare(tsm, q, cache, indices, counts, sm_scale, keys, **kw):
     out, lse = tsm.sparse_mla_fp8_ds_mla_attention(
         q,
@@ -257,8 +273,7 @@ def test_kernel_matches_float64_reference(tsm, p):
         counts,
         sm_scale,
         keys,
-        num_splits=p["num_splits"],
-        block_n=p["block_n"],
+        plan=launch(tsm, p["topk"], p["heads"], p["num_splits"], p["block_n"]),
     )
 
 
@@ -272,9 +287,9 @@ def test_split_kv_equals_single_pass(tsm, seed, splits):
     indices = rng.integers(-1, 64, size=(2, 96)).astype(np.int32)
     q = torch.from_numpy(rng.standard_normal((2, 16, 576))).to(torch.bfloat16)
     idx = torch.from_numpy(indices)
-    o1, l1 = tsm.sparse_mla_fp8_ds_mla_attention(q, records, idx, 0.05, num_splits=1, block_n=16)
+    o1, l1 = tsm.sparse_mla_fp8_ds_mla_attention(q, records, idx, 0.05, plan=launch(tsm, 96, 16, 1))
     o2, l2 = tsm.sparse_mla_fp8_ds_mla_attention(
-        q, records, idx, 0.05, num_splits=splits, block_n=16
+        q, records, idx, 0.05, plan=launch(tsm, 96, 16, splits)
     )
     assert torch.equal(torch.isneginf(l1), torch.isneginf(l2))
     finite = torch.isfinite(l1)
@@ -315,7 +330,7 @@ def test_empty_rows_give_zero_and_minus_inf(tsm, splits):
     q = torch.from_numpy(rng.standard_normal((3, 20, 576))).to(torch.bfloat16)
     out = torch.full((3, 20, 512), float("nan"), dtype=torch.bfloat16)
     out, lse = tsm.sparse_mla_fp8_ds_mla_attention(
-        q, records, idx, 0.1, valid_counts=counts, out=out, num_splits=splits, block_n=16
+        q, records, idx, 0.1, valid_counts=counts, out=out, plan=launch(tsm, 64, 20, splits)
     )
     assert torch.all(out == 0)
     assert torch.all(torch.isneginf(lse))
@@ -333,12 +348,10 @@ def test_entries_past_valid_counts_are_never_read(tsm):
     ).astype(np.int32)
     counts = np.array([20, 7], dtype=np.int32)
     q = torch.from_numpy(rng.standard_normal((2, 16, 576))).to(torch.bfloat16)
-    out, _ = run_and_compare(tsm, q, records, indices, counts, 0.05, keys, block_n=16)
+    out, _ = run_and_compare(tsm, q, records, indices, counts, 0.05, keys)
     assert torch.isfinite(out.float()).all()
     # Control: without valid_counts the poisoned record is read.
-    poisoned, _ = tsm.sparse_mla_fp8_ds_mla_attention(
-        q, records, torch.from_numpy(indices), 0.05, block_n=16
-    )
+    poisoned, _ = tsm.sparse_mla_fp8_ds_mla_attention(q, records, torch.from_numpy(indices), 0.05)
     assert torch.isnan(poisoned.float()).any()
 
 
@@ -353,14 +366,12 @@ def test_lse_merge_of_partitions_equals_union(tsm, seed, ranks):
     indices = rng.integers(0, 48, size=(2, 64)).astype(np.int32)
     q = torch.from_numpy(rng.standard_normal((2, 16, 576))).to(torch.bfloat16)
     full_out, full_lse = tsm.sparse_mla_fp8_ds_mla_attention(
-        q, records, torch.from_numpy(indices), 0.05, block_n=16
+        q, records, torch.from_numpy(indices), 0.05
     )
     outs, lses = [], []
     for r in range(ranks):
         local = np.where(indices % ranks == r, indices, -1).astype(np.int32)
-        o, lse = tsm.sparse_mla_fp8_ds_mla_attention(
-            q, records, torch.from_numpy(local), 0.05, block_n=16
-        )
+        o, lse = tsm.sparse_mla_fp8_ds_mla_attention(q, records, torch.from_numpy(local), 0.05)
         outs.append(o.double())
         lses.append(lse.double())
     lse_stack = torch.stack(lses)
@@ -543,103 +554,52 @@ def test_split_query_reads_the_same_bits(tsm):
     q_nope = q[..., :512].transpose(0, 1).contiguous().transpose(0, 1)  # heads-major
     q_pe = q[..., 512:].clone()
     for splits in (1, 3):
-        o1, l1 = tsm.sparse_mla_fp8_ds_mla_attention(
-            q, records, idx, 0.05, num_splits=splits, block_n=16
-        )
-        o2, l2 = tsm.sparse_mla_fp8_ds_mla_attention(
-            (q_nope, q_pe), records, idx, 0.05, num_splits=splits, block_n=16
-        )
+        plan = launch(tsm, 80, 20, splits)
+        o1, l1 = tsm.sparse_mla_fp8_ds_mla_attention(q, records, idx, 0.05, plan=plan)
+        o2, l2 = tsm.sparse_mla_fp8_ds_mla_attention((q_nope, q_pe), records, idx, 0.05, plan=plan)
         assert torch.equal(o1, o2) and torch.equal(l1, l2)
 
 
 # ---------------------------------------------------------------------------
-# Kernel variants (launch arguments the benchmark sweeps)
+# Kernel variants (SparseMLAPlan fields; the default plans use them on large GPUs)
 # ---------------------------------------------------------------------------
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(p=problems(), fold=st.booleans())
-def test_flat_record_addressing_is_bit_identical(tsm, p, fold):
+@given(p=problems())
+def test_flat_record_addressing_is_bit_identical(tsm, p):
     """On every cache whose blocks are contiguous (flat, paged, FlashMLA 4-D) addressing a
     record as slot * 656 returns exactly the bits of the block // and % addressing; a
     cache with padded blocks is rejected instead of read at the wrong offsets."""
     _, _, cache, indices, counts, q = build(p, tsm)
-    kw = dict(
-        valid_counts=None if counts is None else torch.from_numpy(counts),
-        num_splits=p["num_splits"],
-        block_n=p["block_n"],
-        fold_scales=fold,
-    )
+    counts_t = None if counts is None else torch.from_numpy(counts)
+    splits = p["num_splits"] or 1
+    base = launch(tsm, p["topk"], p["heads"], splits, p["block_n"])
+    flat = launch(tsm, p["topk"], p["heads"], splits, p["block_n"], flat_records=True)
     idx = torch.from_numpy(indices)
     if p["layout"] == "strided" and p["num_blocks"] > 1:
         with pytest.raises(ValueError, match="flat_records"):
-            tsm.sparse_mla_fp8_ds_mla_attention(q, cache, idx, 0.05, flat_records=True, **kw)
+            tsm.sparse_mla_fp8_ds_mla_attention(q, cache, idx, 0.05, counts_t, plan=flat)
         return
-    o1, l1 = tsm.sparse_mla_fp8_ds_mla_attention(q, cache, idx, 0.05, **kw)
-    o2, l2 = tsm.sparse_mla_fp8_ds_mla_attention(q, cache, idx, 0.05, flat_records=True, **kw)
+    o1, l1 = tsm.sparse_mla_fp8_ds_mla_attention(q, cache, idx, 0.05, counts_t, plan=base)
+    o2, l2 = tsm.sparse_mla_fp8_ds_mla_attention(q, cache, idx, 0.05, counts_t, plan=flat)
     assert torch.equal(o1, o2) and torch.equal(l1, l2)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(p=problems(), flat=st.booleans())
-def test_folded_scales_match_float64_reference(tsm, p, flat):
-    """With the per-128 scales folded into the scores and the probabilities (keys kept as
-    e4m3 values), out/LSE equal float64 attention over the exactly decoded records within
-    the same tolerances, for the same rows, layouts, counts and split factors."""
-    if flat and p["layout"] == "strided":
-        flat = False
-    records, _, cache, indices, counts, q = build(p, tsm)
-    # No bf16 rounding of the dequantised keys here: the folded kernel never forms them.
-    keys = ref_decode(records.numpy())
-    run_and_compare(
-        tsm,
-        q,
-        cache,
-        indices,
-        counts,
-        1.0 / math.sqrt(576),
-        keys,
-        num_splits=p["num_splits"],
-        block_n=p["block_n"],
-        fold_scales=True,
-        flat_records=flat,
-    )
-
-
-def test_folded_scales_negative_control(tsm):
-    """The folded-scale proof can fail: dropping one tile's scale from the scores (as a
-    kernel that forgot it would) moves the LSE far past LSE_ATOL."""
-    rng = np.random.default_rng(3)
-    records = tsm.quantize_fp8_ds_mla(make_kv(rng, 64))
-    keys = ref_decode(records.numpy())
-    idx = rng.integers(0, 64, size=(2, 48)).astype(np.int32)
-    q = torch.from_numpy(rng.standard_normal((2, 16, 576))).to(torch.bfloat16)
-    _, lse = tsm.sparse_mla_fp8_ds_mla_attention(
-        q, records, torch.from_numpy(idx), 0.05, fold_scales=True, block_n=16
-    )
-    wrong = keys.copy()
-    scales = np.ascontiguousarray(records.numpy()[:, 512:528]).view(np.float32)
-    wrong[:, :128] /= scales[:, :1].astype(np.float64)  # tile 0 without its scale
-    _, ref_lse, _ = ref_attention(q.double().numpy(), wrong, idx, None, 0.05)
-    assert np.abs(lse.double().numpy() - ref_lse).max() > 100 * LSE_ATOL
-
-
-def test_fill_split_policy(tsm):
-    """The "fill" policy splits a launch that does not fill two programs per SM into up to
-    one BLOCK_N tile per split (not a power of two), never splits once the rows fill the
-    device, and an unknown policy is an error naming the valid ones."""
+def test_split_rules(tsm):
+    """The "fill" rule splits a launch that does not fill two programs per SM into up to
+    one BLOCK_N tile per split (not a power of two) and never splits once the rows fill the
+    device; the "occupancy" rule keeps two tiles per split and powers of two. The default
+    plan of one 16-head row on a paged cache of an H200 stand-in is the "fill" one."""
     cpu = torch.device("cpu")
+    assert tsm._fill_num_splits(1, 2048, 64, 132) == 32
+    assert tsm._occupancy_num_splits(1, 2048, 16, 64, 132) == 16
+    assert tsm._fill_num_splits(64, 2048, 64, 132) == 5
+    assert tsm._fill_num_splits(264, 2048, 64, 132) == 1
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(tsm, "_device_info", lambda device: (132, 227 * 1024))
-        one = tsm.plan_sparse_mla(1, 16, 2048, cpu, split_policy="fill")
+        one = tsm.plan_sparse_mla(1, 16, 2048, cpu)
         assert (one.block_n, one.num_splits, one.split_len) == (64, 32, 64)
-        old = tsm.plan_sparse_mla(1, 16, 2048, cpu, split_policy="occupancy")
-        assert (old.num_splits, old.split_len) == (16, 128)
-        five = tsm.plan_sparse_mla(64, 16, 2048, cpu, split_policy="fill")
-        assert five.num_splits == 5 and five.split_len % five.block_n == 0
-        assert tsm.plan_sparse_mla(264, 16, 2048, cpu, split_policy="fill").num_splits == 1
-        with pytest.raises(ValueError, match="occupancy"):
-            tsm.plan_sparse_mla(1, 16, 2048, cpu, split_policy="most")
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -649,12 +609,13 @@ def test_fill_split_policy(tsm):
     num_heads=st.sampled_from([4, 16]),
     topk=st.sampled_from([64, 200]),
 )
-def test_reserved_workspace_serves_fill_launches(tsm, seed, num_tokens, num_heads, topk):
-    """Scratch reserved by max_split_workspace_specs for the "fill" policy serves every
-    "fill" launch of up to the reserved rows without growing (and the results equal a
-    launch with fresh scratch)."""
+def test_reserved_workspace_serves_large_gpu_launches(tsm, seed, num_tokens, num_heads, topk):
+    """On a (stand-in) large-shared-memory GPU, where the default plans of a contiguous
+    cache take the "fill" rule and the flat and prefetch variants, scratch reserved by
+    max_split_workspace_specs serves every default launch of up to the reserved rows
+    without growing (and the results equal a launch with fresh scratch)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(tsm, "_device_info", lambda device: (4, 0))
+        mp.setattr(tsm, "_device_info", lambda device: (4, 227 * 1024))
         rng = np.random.default_rng(seed)
         records = tsm.quantize_fp8_ds_mla(make_kv(rng, 96))
         q = torch.from_numpy(rng.standard_normal((num_tokens, num_heads, 576)))
@@ -662,13 +623,14 @@ def test_reserved_workspace_serves_fill_launches(tsm, seed, num_tokens, num_head
         idx = rng.integers(-1, 96, size=(num_tokens, topk)).astype(np.int32)
         idx = torch.from_numpy(idx)
         cpu = torch.device("cpu")
-        specs = tsm.max_split_workspace_specs(9, num_heads, topk, cpu, split_policy="fill")
+        specs = tsm.max_split_workspace_specs(9, num_heads, topk, cpu, contiguous=True)
         workspace = ReservedWorkspace(specs)
-        plan = tsm.plan_sparse_mla(num_tokens, num_heads, topk, cpu, split_policy="fill")
+        plan = tsm.plan_sparse_mla(num_tokens, num_heads, topk, cpu, contiguous=True)
+        assert plan.flat_records
         o1, l1 = tsm.sparse_mla_fp8_ds_mla_attention(
-            q, records, idx, 0.05, get_workspace=workspace.get_simultaneous, split_policy="fill"
+            q, records, idx, 0.05, get_workspace=workspace.get_simultaneous
         )
-        o2, l2 = tsm.sparse_mla_fp8_ds_mla_attention(q, records, idx, 0.05, split_policy="fill")
+        o2, l2 = tsm.sparse_mla_fp8_ds_mla_attention(q, records, idx, 0.05)
         expected = [tsm.split_workspace_specs(num_tokens, num_heads, plan.num_splits)]
         assert workspace.requests == (expected if plan.num_splits > 1 else [])
         assert torch.equal(o1, o2) and torch.equal(l1, l2)
