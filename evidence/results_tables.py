@@ -597,37 +597,43 @@ def merge_table(name: str, d: dict[str, Any]) -> list[str]:
     return out
 
 
-def merge_compile_table(name: str, d: dict[str, Any]) -> list[str]:
-    """proofs/dcp_topk_merge_sm90_compile.py: every launch of the Triton merge compiled for
-    sm_90 offline (no GPU): compile facts, not timings."""
+def cutedsl_compile_table(name: str, d: dict[str, Any]) -> list[str]:
+    """evidence/cutedsl_merge_compile.py: vLLM 0.34.0's own CuTe DSL top-k selectors compiled
+    per target offline (no GPU): compile facts, not timings."""
     rows = [
         [
-            launch["kernel"].strip("_"),
-            launch.get("candidates", "-"),
-            ", ".join(f"{k}={v}" for k, v in launch["consts"].items()),
-            launch["num_warps"],
-            "yes" if launch["ok"] else "NO",
-            launch.get("registers", "-"),
-            launch.get("stack_bytes", "-"),
-            launch.get("shared_bytes", "-"),
+            c["arch"],
+            c.get("kernel", "-"),
+            c.get("topk", "-"),
+            c.get("dcp", "-"),
+            c.get("score_bits", "pdl" if c.get("pdl") else "-"),
+            "yes" if c["ok"] else f"NO: {c.get('error', '')[:80]}",
+            c.get("ptx_target") or "-",
+            ", ".join(c.get("cubin_targets") or []) or "-",
+            "/".join(str(r) for r in c.get("registers") or []) or "-",
+            "/".join(str(b) for b in c.get("local_bytes") or []) or "-",
         ]
-        for launch in d["launches"]
+        for c in d["cases"]
     ]
+    compiled = [arch for arch, ok in d["compiled_by_arch"].items() if ok]
     head = [
-        f"### `{name}`: offline {d['target']} compile, Triton {d['triton']} "
-        f"({len(rows) - d['failed']} of {len(rows)} launches compiled; no GPU, no timing)",
+        f"### `{name}`: vLLM's CuTe DSL DCP top-k merge compiled offline, nvidia-cutlass-dsl "
+        f"{d['nvidia_cutlass_dsl']} (compiled for {', '.join(compiled)}; no GPU, nothing "
+        f"launched); revision {revision(d)}",
         "",
     ]
     return head + table(
         [
+            "target",
             "kernel",
-            "candidates",
-            "constexprs",
-            "warps",
+            "top-k",
+            "DCP",
+            "score bits",
             "compiled",
+            "PTX target",
+            "SASS",
             "registers",
             "spill bytes",
-            "shared bytes",
         ],
         rows,
     )
@@ -636,8 +642,8 @@ def merge_compile_table(name: str, d: dict[str, Any]) -> list[str]:
 def topk_section() -> list[str]:
     out: list[str] = []
     for name, d in load("dcp-topk-*.json"):
-        if d.get("kind") == "dcp_topk_merge_sm90_compile":
-            out += merge_compile_table(name, d)
+        if d.get("kind") == "dcp_topk_merge_cutedsl_compile":
+            out += cutedsl_compile_table(name, d)
         else:
             out += merge_table(name, d)
     return out

@@ -1,8 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Offline CUDA compiles of shipped Triton kernels (no GPU; sm_90 unless told otherwise): load a
 vLLM leaf module with the real Triton behind ``vllm.triton_utils``, and read a compiled
-kernel's resources with Triton's bundled ``cuobjdump``. Used by sparse_mla_sm90_compile_stats.py
-and dcp_topk_merge_sm90_compile.py."""
+kernel's resources with Triton's bundled ``cuobjdump``. Used by sparse_mla_sm90_compile_stats.py."""
 
 from __future__ import annotations
 

@@ -11,8 +11,7 @@ vLLM 0.33.0: ``sparse_utils.py`` imports much of vLLM (config, JIT warm-up helpe
 loaded with ``load_shipped_triton_with_vllm`` (the installed 0.33.0 wheel for those imports, the
 real interpreted Triton for ``vllm.triton_utils``). With one rank the filter delegates to
 ``triton_convert_req_index_to_global_index``, which compacts the kept slots to the front whenever
-it counts them (0.26.0 kept them in place). ``dcp_topk_merge.py`` is the indexer DCP top-k patch's
-module (vllm/0005): the two proofs that use it fail, by design, on a tree without that patch.
+it counts them (0.26.0 kept them in place).
 """
 
 from __future__ import annotations
@@ -22,10 +21,9 @@ import random
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from shipped_triton import load_shipped_triton, load_shipped_triton_with_vllm
+from shipped_triton import load_shipped_triton_with_vllm
 
 SPARSE_UTILS = "vllm/v1/attention/backends/mla/sparse_utils.py"
-TOPK_MERGE = "vllm/model_executor/kernels/attention/dsa/dcp_topk_merge.py"
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -134,94 +132,3 @@ def test_every_global_winner_is_kept_by_exactly_one_rank_at_its_local_slot(layou
     for r, (_, row) in enumerate(rows):
         total = sum(sum(1 for s in kept[rank][r] if s >= 0) for rank in range(n))
         assert total == sum(1 for t in row if t >= 0)
-
-
-@SETTINGS
-@given(
-    n=st.integers(1, 6),
-    interleave=st.sampled_from([1, 2, 3, 4]),
-    length=st.integers(0, 300),
-)
-def test_local_to_global_is_the_inverse_of_ownership(n, interleave, length):
-    """The indexer's rank-local -> global id map (used to pack candidates) is the inverse of
-    ownership: local position p on rank r maps to the t with owner r and local position p,
-    and the ranks' images partition [0, length)."""
-    merge = load_shipped_triton(TOPK_MERGE)
-    seen: list[int] = []
-    for rank in range(n):
-        owned = [t for t in range(length) if owner(t, n, interleave) == rank]
-        local = torch.arange(len(owned), dtype=torch.int32)
-        global_ids = merge.local_to_global_token_ids(local, rank, n, interleave).tolist()
-        assert global_ids == owned
-        assert [local_position(t, n, interleave) for t in owned] == list(range(len(owned)))
-        seen += global_ids
-    assert sorted(seen) == list(range(length))
-
-
-@SETTINGS
-@given(
-    n=st.sampled_from([2, 3, 4]),
-    k_tiles=st.integers(1, 2),
-    lengths=st.lists(st.integers(1, 120), min_size=1, max_size=3),
-    seed=st.integers(0, 2**16),
-)
-def test_indexer_merge_output_feeds_the_filter(n, k_tiles, lengths, seed):
-    """End to end with interleave 1: per-rank local top-k -> packed candidates -> merged global
-    ids (the indexer's output buffer) -> shipped filter on each rank keeps, over all ranks,
-    exactly the brute-force global top-k, each winner once, at its owner's slot."""
-    su = load_shipped_triton_with_vllm(SPARSE_UTILS)
-    merge = load_shipped_triton(TOPK_MERGE)
-    block_n, block_size = 16, 8
-    topk = block_n * k_tiles
-    gen = torch.Generator().manual_seed(seed)
-    max_len = max(lengths)
-    scores = torch.randint(-4, 5, (len(lengths), max_len), generator=gen).float()
-    blocks_per_req = -(-max_len // (n * block_size)) + 1
-    tables = block_tables(n, len(lengths), blocks_per_req, seed)
-
-    packed = []
-    for rank in range(n):
-        owned = [t for t in range(max_len) if owner(t, n, 1) == rank]
-        local_logits = scores[:, owned] if owned else scores[:, :0]
-        local_topk = torch.full((len(lengths), topk), -1, dtype=torch.int32)
-        for r, length in enumerate(lengths):
-            mine = [p for p, t in enumerate(owned) if t < length]
-            mine.sort(key=lambda p: (-float(local_logits[r, p]), p))
-            chosen = mine[:topk]
-            local_topk[r, : len(chosen)] = torch.tensor(chosen, dtype=torch.int32)
-        buf = torch.empty((len(lengths), topk, 2))
-        merge.pack_dcp_topk_candidates_torch(
-            local_logits.contiguous(), local_topk, buf, rank, n, 1, None
-        )
-        packed.append(buf)
-    global_topk = merge.stable_topk_from_gathered_candidates_torch(torch.cat(packed, 1), topk)
-
-    req_id = torch.arange(len(lengths), dtype=torch.int32)
-    kept: set[tuple[int, int, int]] = set()
-    for rank in range(n):
-        out, _ = su.triton_filter_and_convert_dcp_index(
-            req_id,
-            tables[rank],
-            global_topk,
-            n,
-            rank,
-            1,
-            BLOCK_SIZE=block_size,
-            NUM_TOPK_TOKENS=topk,
-            BLOCK_N=block_n,
-            return_valid_counts=True,
-        )
-        for r in range(len(lengths)):
-            for slot in out[r].tolist():
-                if slot >= 0:
-                    assert (r, rank, slot) not in kept
-                    kept.add((r, rank, slot))
-
-    expected = set()
-    for r, length in enumerate(lengths):
-        winners = sorted(range(length), key=lambda t: (-float(scores[r, t]), t))[:topk]
-        for t in winners:
-            rank, local = owner(t, n, 1), local_position(t, n, 1)
-            slot = int(tables[rank][r, local // block_size]) * block_size + local % block_size
-            expected.add((r, rank, slot))
-    assert kept == expected

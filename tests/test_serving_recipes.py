@@ -29,11 +29,6 @@ RECIPES = extract_recipes(DOC.read_text())
 SWITCHES = {
     # flag or config key -> (the field check_serving_recipes reports, default, valid values)
     "--dcp-prefill-route": ("dcp_prefill_route", "query", ("query", "packed_ckv")),
-    "sparse_indexer_dcp_merge_backend": (
-        "sparse_indexer_dcp_merge_backend",
-        "auto",
-        ("auto", "cutedsl", "triton", "torch"),
-    ),
     "adaptive_speculative_tokens": ("adaptive_speculative_tokens", "off", ("off", "acceptance")),
 }
 """The series' switches the recipes may set; each is off by default."""
@@ -41,11 +36,6 @@ SWITCHES = {
 
 def _spec(argv: list[str]) -> dict[str, Any]:
     raw = flag_value(argv, "--speculative-config")
-    return json.loads(raw) if raw else {}
-
-
-def _kernel(argv: list[str]) -> dict[str, Any]:
-    raw = flag_value(argv, "--kernel-config")
     return json.loads(raw) if raw else {}
 
 
@@ -69,9 +59,6 @@ def requested(argv: list[str]) -> dict[str, Any]:
         want["node_rank"] = int(flag_value(argv, "--node-rank") or 0)
     field, default, _ = SWITCHES["--dcp-prefill-route"]
     want[field] = flag_value(argv, "--dcp-prefill-route") or default
-    want["sparse_indexer_dcp_merge_backend"] = _kernel(argv).get(
-        "sparse_indexer_dcp_merge_backend", "auto"
-    )
     want["adaptive_speculative_tokens"] = spec.get("adaptive_speculative_tokens", "off")
     return want
 

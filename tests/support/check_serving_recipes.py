@@ -89,9 +89,6 @@ def check(argv: list[str]) -> dict[str, Any]:
         "kv_cache_dtype": str(config.cache_config.cache_dtype),
         "attention_backend": _name(config.attention_config.backend),
         "dcp_prefill_route": getattr(parallel, "dcp_prefill_route", None),
-        "sparse_indexer_dcp_merge_backend": getattr(
-            config.kernel_config, "sparse_indexer_dcp_merge_backend", None
-        ),
         "speculative_method": None if spec is None else spec.method,
         "num_speculative_tokens": None if spec is None else spec.num_speculative_tokens,
         "adaptive_speculative_tokens": getattr(spec, "adaptive_speculative_tokens", None),
