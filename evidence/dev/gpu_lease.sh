@@ -20,7 +20,7 @@
 # LEASE_END_S / GATE_COLLECT_S (first: fit the gates' deadline into the lease, see there),
 # BENCH_STAGES (default "kernel topk"; "none": no bench), KERNEL_BUDGET_S, TREE_STAGE_S / TREE_FILE_S and
 # TREE_TESTS_FIRST ("|"-separated grep -E patterns of test files to run first, in that
-# order), CALL_S (this call's seconds).
+# order; TREE_STAGE_S=0: no tree tests), GATE_MAX_RANKS, CALL_S (this call's seconds).
 # `first` receives the staging part its call carries (.gpu-parts/NN; until 2026-12-02 05:30Z it
 # did not, and a call carrying the last part had to run `bash .gpu/device-recv.sh && ...`).
 # GATE_REUSE (a landed lease-STAMP.tgz: its finished runs are reused) and GATE_ONLY (the
@@ -180,8 +180,9 @@ install_carried() {
 }
 gate_start() {
   # GATE_ONLY: the comma-separated runs of the suites to run (dcp_gate.py --only)
+  # GATE_MAX_RANKS: rank processes at once (dcp_gate.py's default 16: four TP 4 engines)
   python3 evidence/dcp_gate.py start --suites "${GATE_SUITES:-all}" --work "$GATE" \
-    ${GATE_ONLY:+--only "$GATE_ONLY"} "$@"
+    ${GATE_ONLY:+--only "$GATE_ONLY"} ${GATE_MAX_RANKS:+--max-ranks "$GATE_MAX_RANKS"} "$@"
 }
 gate_wait() {
   local s; s=$(( $(left) - 25 ))
@@ -240,10 +241,13 @@ case "${1:?first|wait|tests}" in
     gate_start --deadline-s "$deadline"
     mkdir -p "$RES/tree-tests"
     # beside the gates the files run slowly (the 22:37Z lease's kernel test file needed more
-    # than 240 s): the stage may use the whole lease, each file 6 minutes
-    OUT="$RES/tree-tests" RES="$RES/tree-tests" TREE_TESTS="$R/gpu-tests" \
-      STAGE_TIMEOUT=${TREE_STAGE_S:-1100} FILE_TIMEOUT=${TREE_FILE_S:-360} setsid nohup \
-      bash evidence/dev/gpu_h200_session.sh tree-tests > "$RES/tree-tests/stage.log" 2>&1 < /dev/null &
+    # than 240 s): the stage may use the whole lease, each file 6 minutes; TREE_STAGE_S=0
+    # leaves the GPU and the cores to the gates (a lease of TP 4 engines)
+    if [ "${TREE_STAGE_S:-1100}" -gt 0 ]; then
+      OUT="$RES/tree-tests" RES="$RES/tree-tests" TREE_TESTS="$R/gpu-tests" \
+        STAGE_TIMEOUT=${TREE_STAGE_S:-1100} FILE_TIMEOUT=${TREE_FILE_S:-360} setsid nohup \
+        bash evidence/dev/gpu_h200_session.sh tree-tests > "$RES/tree-tests/stage.log" 2>&1 < /dev/null &
+    fi
     gate_wait
     tail -3 "$RES/tree-tests/tree-tests-h200.log" 2>/dev/null
     pack ;;

@@ -180,6 +180,32 @@ def test_first_call_reuses_a_landed_leases_runs_and_runs_only_the_named(tmp_path
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_first_call_passes_the_rank_limit_and_can_leave_out_the_tree_tests(
+    tmp_path: Path,
+) -> None:
+    """GATE_MAX_RANKS reaches `start --max-ranks` (unset: the launcher's default), and
+    TREE_STAGE_S=0 starts the gates without the tree tests beside them."""
+    tree, env, out, calls = stub_lease_tree(tmp_path)
+    env = {**env, "BENCH_STAGES": "none", "GATE_MAX_RANKS": "24", "TREE_STAGE_S": "0"}
+    first_call(tree, env).check_returncode()
+    time.sleep(0.5)  # a detached tree-test stage would have logged its pytest by now
+    text = calls.read_text()
+    start = next(line for line in text.splitlines() if "dcp_gate.py start" in line)
+    assert "--max-ranks 24" in start
+    assert "-m pytest" not in text
+    calls.write_text("")
+    del env["GATE_MAX_RANKS"], env["TREE_STAGE_S"]
+    first_call(tree, env).check_returncode()
+    for _ in range(50):
+        if "-m pytest" in calls.read_text():
+            break
+        time.sleep(0.1)
+    text = calls.read_text()
+    start = next(line for line in text.splitlines() if "dcp_gate.py start" in line)
+    assert "--max-ranks" not in start and "-m pytest" in text
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_tests_phase_installs_and_runs_only_the_tree_tests(tmp_path: Path) -> None:
     """`gpu_lease.sh tests` receives the carried part, installs, runs the tree tests in the
     foreground and returns their logs alone: no bench, no gate, no checkpoint."""
