@@ -45,6 +45,13 @@ def _sensitivity_figure(s: dict) -> float | None:
     return s.get("min_first_step_max_abs_logprob_diff")
 
 
+def card(d: dict[str, Any]) -> str:
+    """The GPU a run record names (``machine.gpus[0].name`` without the vendor), else "?"."""
+    gpus = (d.get("machine") or {}).get("gpus") or [{}]
+    first = gpus[0] if isinstance(gpus[0], dict) else {"name": gpus[0]}  # early records: names
+    return str(first.get("name") or "?").removeprefix("NVIDIA ")
+
+
 def fmt(x: float | None, digits: int = 3) -> str:
     """A figure for a table: whole numbers from 100 up, else ``digits`` significant digits."""
     if x is None:
@@ -440,6 +447,7 @@ def dcp_gate_section() -> list[str]:
                 f"{d['negative_control_detected']} ({fmt(neg.get('max_abs_logprob_diff'), 2)})",
                 fmt(d.get("sensitivity", {}).get("over_tolerance"), 2),
                 d.get("meaningful"),
+                card(d),
                 revision(d),
                 _problems(d),
             ]
@@ -469,6 +477,7 @@ def dcp_gate_section() -> list[str]:
                 "negative control detected",
                 "sensitivity ×tol",
                 "meaningful",
+                "card",
                 "revision",
                 "problems",
             ],
@@ -899,13 +908,16 @@ def patch_rows() -> list[list[str]]:
 def status_block() -> str:
     """The README's status table with the sentence that says how to read it."""
     header, *rows = status_rows()
-    gates = sum(
-        1 for _, d in load("dcp-gate-*.json") if d.get("kind") == "dcp_gate" and d.get("meaningful")
-    )
+    cards: dict[str, int] = {}
+    for _, d in load("dcp-gate-*.json"):
+        if d.get("kind") == "dcp_gate" and d.get("meaningful"):
+            cards[card(d)] = cards.get(card(d), 0) + 1
+    where = ", ".join(f"{c}: {n}" for c, n in sorted(cards.items(), key=lambda i: -i[1]))
     lines = [
         STATUS_BEGIN,
-        f"{gates} meaningful DCP gates in `results/` (the series on the vLLM release of each row,",
-        "one H200, DCP ranks sharing the GPU). ✓: every gate of the cell was meaningful",
+        f"{sum(cards.values())} meaningful DCP gates in `results/`: the series on the vLLM",
+        f"release of each row, DCP ranks sharing one GPU ({where}).",
+        "✓: every gate of the cell was meaningful",
         "(sensitive to one prompt token, negative control caught) and equivalent; ≤ x tol: the",
         "largest log-prob difference as a fraction of the gate's tolerance.",
         "",

@@ -91,3 +91,28 @@ def test_export_table_has_a_row_per_checked_patch_with_its_verdict():
             [row] = [line for line in lines if line.startswith(f"| {p['name']} |")]
             assert p["standalone"] in row
             assert (p["tests"] or {}).get("summary", "no test module") in row
+
+
+def test_status_sentence_names_each_card_with_its_meaningful_gates(tmp_path, monkeypatch):
+    """The README's status sentence counts the meaningful gates per GPU the records name (a
+    gate run on another card is not filed under the H200), and the gate table has a card
+    column."""
+    import json
+
+    def gate(name: str, gpu: str, meaningful: bool = True) -> None:
+        (tmp_path / f"dcp-gate-{name}.json").write_text(
+            json.dumps(
+                {"kind": "dcp_gate", "meaningful": meaningful, "machine": {"gpus": [{"name": gpu}]}}
+            )
+        )
+
+    gate("a", "NVIDIA H200")
+    gate("b", "NVIDIA H200")
+    gate("c", "NVIDIA H100 80GB HBM3")
+    gate("d", "NVIDIA H100 80GB HBM3", meaningful=False)
+    monkeypatch.setattr(results_tables, "RESULTS", tmp_path)
+    monkeypatch.setattr(results_tables, "status_rows", lambda: [["release"]])
+    text = " ".join(results_tables.status_block().split())
+    assert "3 meaningful DCP gates" in text
+    assert "sharing one GPU (H200: 2, H100 80GB HBM3: 1)" in text
+    assert results_tables.card({}) == "?"
