@@ -257,6 +257,34 @@ def test_every_queue_runs_every_reference_and_a_sensitivity_pass(name: str) -> N
             assert "fault" in runs[cand]["passes"], (name, gate)
 
 
+def test_each_base034_suite_decides_its_gates_alone() -> None:
+    """Each vLLM 0.34.0 suite, run by name on a fresh machine, runs both sides of every gate
+    and noise pair, a sensitivity pass on each gated checkpoint and a fault pass in every
+    DCP > 1 candidate (the negative control of every gate kind); its gates are named for the
+    release and judged against their own checkpoint's noise; a run name shared by two 0.34.0
+    suites means the same engine in both (only its passes and warm-up may differ)."""
+    import dcp_gate
+    from gate import plans
+
+    engines: dict[str, tuple[str, dict]] = {}
+    for name in _base034_suites():
+        suite = plans.SUITES[name]
+        q = plans.merge_suites([suite])
+        _runs_every_reference(q)
+        runs = _check_sensitivity_and_configs(q)
+        for gate, spec in q["gates"].items():
+            ref, cand, _ = dcp_gate.gate_spec(spec)
+            assert gate.endswith("-0.34.0"), (name, gate)
+            if runs[cand]["dcp"] > 1:
+                assert "fault" in runs[cand]["passes"], (name, gate)
+            assert spec["noise"] == runs[ref]["model"].removeprefix("@") + "/patched", gate
+        for run in suite["runs"]:
+            engine = {k: v for k, v in run.items() if k not in ("passes", "warmup")}
+            seen = engines.setdefault(run["name"], (name, engine))
+            assert seen[1] == engine, (run["name"], seen[0], name)
+    assert {"base034-dcp4", "base034-dcp4-eager", "base034-wide-heads"} <= set(_base034_suites())
+
+
 def test_the_all_queue_holds_every_committed_gate() -> None:
     """Every 0.33.0 gate result under results/ is one the `all` queue would produce again, and
     every 0.34.0 one (name ending in -0.34.0) one a base034-* suite would."""
