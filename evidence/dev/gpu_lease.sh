@@ -23,6 +23,7 @@
 # order; TREE_STAGE_S=0: no tree tests), GATE_MAX_RANKS, CALL_S (this call's seconds).
 # `first` receives the staging part its call carries (.gpu-parts/NN; until 2026-12-02 05:30Z it
 # did not, and a call carrying the last part had to run `bash .gpu/device-recv.sh && ...`).
+# land: LAND_NOISE_SUFFIX names the lease's noise files (see there).
 # GATE_REUSE (a landed lease-STAMP.tgz: its finished runs are reused) and GATE_ONLY (the
 # runs to run) finish a lease that a released machine cut short.
 # `wait` calls need carry nothing: `first` keeps .gpu/device-env.sh under $LEASE_ROOT.
@@ -121,10 +122,32 @@ if [ "${1:-}" = land ]; then
   done
   for f in "$W"/*.log; do [ -f "$f" ] && cp "$f" "$A/$(basename "$f")"; done
   if [ -d "$W/gate" ]; then  # the last call's gate.tgz holds everything the gates wrote
-    python3 - "$W/gate/results" <<'PY'
-import json, shutil, sys
+    # The harness names a noise file by checkpoint only (dcp-gate-noise-glmn-patched.json),
+    # so a lease of another release or suite would replace an earlier lease's file of that
+    # name: LAND_NOISE_SUFFIX (e.g. 0.34.0-dcp4) lands it as dcp-gate-noise-<ckpt>-<suffix>.json;
+    # without it, a noise file that would replace a different one stops the landing before
+    # anything is copied.
+    python3 - "$W/gate/results" <<'PY' || { rm -rf "$W"; exit 2; }
+import json, os, shutil, sys
 from pathlib import Path
-for f in sorted(Path(sys.argv[1]).glob("*.json")):
+suffix = os.environ.get("LAND_NOISE_SUFFIX", "")
+files = sorted(Path(sys.argv[1]).glob("*.json"))
+dest = {}
+for f in files:
+    name = f.name
+    if suffix and json.loads(f.read_text()).get("kind") == "dcp_gate_noise":
+        name = f"{f.stem}-{suffix}.json"
+    dest[f] = Path("results") / name
+clash = [
+    str(p) for f, p in dest.items()
+    if json.loads(f.read_text()).get("kind") == "dcp_gate_noise"
+    and p.is_file() and p.read_bytes() != f.read_bytes()
+]
+if clash:
+    print(f"no gate file landed: the lease's noise file would replace {', '.join(clash)}; "
+          "name it with LAND_NOISE_SUFFIX=<release>-<suite>")
+    sys.exit(2)
+for f in files:
     d = json.loads(f.read_text())
     if d.get("kind") == "dcp_gate" and d.get("max_abs_logprob_diff") is None:
         print(f"not landed (never compared): {f.name}")
@@ -138,8 +161,8 @@ for f in sorted(Path(sys.argv[1]).glob("*.json")):
     ):
         print(f"not landed (its negative control did not run; {old} has one): {f.name}")
         continue
-    shutil.copy(f, Path("results") / f.name)
-    print(f"results/{f.name}")
+    shutil.copy(f, dest[f])
+    print(dest[f])
 PY
     [ -f "$W/gate/rank-logs.tgz" ] && mv "$W/gate/rank-logs.tgz" "$A/gate-ranks.tgz"
     tar czf "$A/gate-runs.tgz" -C "$W/gate" \

@@ -428,3 +428,42 @@ def test_stage_recuts_parts_joined_in_chunk_order_and_sized_for_a_call(tmp_path:
         timeout=60,
     )
     assert small.returncode != 0 and "no room" in small.stdout
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_land_refuses_to_replace_a_noise_file_unless_it_is_named(tmp_path: Path) -> None:
+    """The harness names a noise file by checkpoint only: `land` refuses, before it copies
+    any gate file, to replace a different noise file of that name, and LAND_NOISE_SUFFIX
+    lands it beside the earlier one as dcp-gate-noise-<ckpt>-<suffix>.json; the gate files
+    keep their names and the earlier noise file its bytes."""
+    import json
+
+    tree = tmp_path / "tree"
+    shutil.copytree(REPO / "evidence", tree / "evidence")
+    (tree / "results").mkdir()
+    earlier = tree / "results" / "dcp-gate-noise-glmn-patched.json"
+    earlier.write_text('{"kind": "dcp_gate_noise", "lease": "earlier"}\n')
+    src = tmp_path / "gate" / "results"
+    src.mkdir(parents=True)
+    (src / "dcp-gate-noise-glmn-patched.json").write_text(
+        '{"kind": "dcp_gate_noise", "lease": "new"}\n'
+    )
+    gate = {"kind": "dcp_gate", "max_abs_logprob_diff": 0.03, "negative_control_detected": True}
+    (src / "dcp-gate-g-0.34.0.json").write_text(json.dumps(gate))
+    files_at = tmp_path / "call"
+    files_at.mkdir()
+    with tarfile.open(files_at / "gate.tgz", "w:gz") as tar:
+        tar.add(src, arcname="results")
+    env = {**os.environ, "LEASE_ARCHIVE": str(tmp_path / "archive")}
+
+    refused = lease_call(tree, env, "land", "T1", str(files_at))
+    assert refused.returncode == 2 and "would replace results/dcp-gate-noise" in refused.stdout
+    assert not (tree / "results" / "dcp-gate-g-0.34.0.json").exists()
+    assert json.loads(earlier.read_text())["lease"] == "earlier"
+
+    named = lease_call(tree, {**env, "LAND_NOISE_SUFFIX": "0.34.0-x"}, "land", "T2", str(files_at))
+    named.check_returncode()
+    landed = tree / "results" / "dcp-gate-noise-glmn-patched-0.34.0-x.json"
+    assert json.loads(landed.read_text())["lease"] == "new"
+    assert json.loads(earlier.read_text())["lease"] == "earlier"
+    assert (tree / "results" / "dcp-gate-g-0.34.0.json").is_file()
