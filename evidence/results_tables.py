@@ -14,6 +14,7 @@ import argparse
 import json
 import re
 import sys
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -908,11 +909,12 @@ def patch_rows() -> list[list[str]]:
 def status_block() -> str:
     """The README's status table with the sentence that says how to read it."""
     header, *rows = status_rows()
-    cards: dict[str, int] = {}
-    for _, d in load("dcp-gate-*.json"):
-        if d.get("kind") == "dcp_gate" and d.get("meaningful"):
-            cards[card(d)] = cards.get(card(d), 0) + 1
-    where = ", ".join(f"{c}: {n}" for c, n in sorted(cards.items(), key=lambda i: -i[1]))
+    cards = Counter(
+        card(d)
+        for _, d in load("dcp-gate-*.json")
+        if d.get("kind") == "dcp_gate" and d.get("meaningful")
+    )
+    where = ", ".join(f"{c}: {n}" for c, n in cards.most_common())
     lines = [
         STATUS_BEGIN,
         f"{sum(cards.values())} meaningful DCP gates in `results/`: the series on the vLLM",

@@ -131,24 +131,19 @@ if [ "${1:-}" = land ]; then
 import json, os, shutil, sys
 from pathlib import Path
 suffix = os.environ.get("LAND_NOISE_SUFFIX", "")
-files = sorted(Path(sys.argv[1]).glob("*.json"))
-dest = {}
-for f in files:
-    name = f.name
-    if suffix and json.loads(f.read_text()).get("kind") == "dcp_gate_noise":
-        name = f"{f.stem}-{suffix}.json"
-    dest[f] = Path("results") / name
-clash = [
-    str(p) for f, p in dest.items()
-    if json.loads(f.read_text()).get("kind") == "dcp_gate_noise"
-    and p.is_file() and p.read_bytes() != f.read_bytes()
-]
+docs = {f: json.loads(f.read_text()) for f in sorted(Path(sys.argv[1]).glob("*.json"))}
+noise = {f for f, d in docs.items() if d.get("kind") == "dcp_gate_noise"}
+dest = {
+    f: Path("results") / (f"{f.stem}-{suffix}.json" if suffix and f in noise else f.name)
+    for f in docs
+}
+clash = [str(dest[f]) for f in sorted(noise) if dest[f].is_file()
+         and dest[f].read_bytes() != f.read_bytes()]
 if clash:
     print(f"no gate file landed: the lease's noise file would replace {', '.join(clash)}; "
           "name it with LAND_NOISE_SUFFIX=<release>-<suite>")
     sys.exit(2)
-for f in files:
-    d = json.loads(f.read_text())
+for f, d in docs.items():
     if d.get("kind") == "dcp_gate" and d.get("max_abs_logprob_diff") is None:
         print(f"not landed (never compared): {f.name}")
         continue

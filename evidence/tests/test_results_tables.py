@@ -95,8 +95,8 @@ def test_export_table_has_a_row_per_checked_patch_with_its_verdict():
 
 def test_status_sentence_names_each_card_with_its_meaningful_gates(tmp_path, monkeypatch):
     """The README's status sentence counts the meaningful gates per GPU the records name (a
-    gate run on another card is not filed under the H200), and the gate table has a card
-    column."""
+    gate run on another card is not filed under the H200); a record without a card reads
+    "?"."""
     import json
 
     def gate(name: str, gpu: str, meaningful: bool = True) -> None:
