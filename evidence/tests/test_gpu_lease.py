@@ -206,6 +206,25 @@ def test_first_call_passes_the_rank_limit_and_can_leave_out_the_tree_tests(
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_logs_changing_while_packed_do_not_fail_the_call(tmp_path: Path) -> None:
+    """The detached tree tests may write their logs while the call packs them: tar's status
+    1 (a file changed as it was read; the archive is written) leaves the call's status 0,
+    a worse tar status still fails it."""
+    tree, env, out, calls = stub_lease_tree(tmp_path)
+    real_tar = shutil.which("tar")
+    stub = Path(env["PATH"].split(":")[0]) / "tar"
+    stub.write_text(
+        f'#!/bin/bash\n"{real_tar}" "$@"; rc=$?\n'
+        'case "$*" in *lease-logs.tgz*) exit "${TAR_RC:-$rc}" ;; esac\nexit $rc\n'
+    )
+    stub.chmod(0o755)
+    env = {**env, "BENCH_STAGES": "none", "TREE_STAGE_S": "0"}
+    assert first_call(tree, {**env, "TAR_RC": "1"}).returncode == 0
+    assert (out / "lease-logs.tgz").is_file()
+    assert first_call(tree, {**env, "TAR_RC": "2"}).returncode != 0
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_tests_phase_installs_and_runs_only_the_tree_tests(tmp_path: Path) -> None:
     """`gpu_lease.sh tests` receives the carried part, installs, runs the tree tests in the
     foreground and returns their logs alone: no bench, no gate, no checkpoint."""
