@@ -375,6 +375,20 @@ def test_gather_layout_is_byte_exact(geo, poison):
         assert set(idx[idx >= 0].tolist()) <= image
 
 
+def bf16_route_bytes(rows, rank_rows, n, heads_local, comm):
+    """Bytes one rank receives per layer on each route, stated from the collectives'
+    buffers: the peers' [T, H_l, 576] bf16 queries plus the combine (a2a: [T, H_l, 514]
+    bf16 partials with the fp32 LSE in two slots; ag_rs: fp32 [T, N * H_l] LSEs and
+    [T, H_l, 512] bf16 partials), against the peers' 656-byte record sections."""
+    peers = n - 1
+    gather = peers * rows * heads_local * 576 * 2
+    if comm == "a2a":
+        combine = peers * rows * heads_local * (512 + 2) * 2
+    else:
+        combine = peers * rows * (n * heads_local * 4 + heads_local * 512 * 2)
+    return gather + combine, peers * rank_rows * RB
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     mode=st.sampled_from(["query", "packed_ckv"]),
@@ -383,14 +397,17 @@ def test_gather_layout_is_byte_exact(geo, poison):
     seq_lens=st.lists(st.integers(1, 400_000), min_size=1, max_size=8),
     decode_rows=st.integers(0, 16),
     can_split=st.booleans(),
+    heads_local=st.sampled_from([1, 8, 16, 32, 64]),
+    comm=st.sampled_from(["a2a", "ag_rs"]),
     data=st.data(),
 )
 def test_route_decision_is_rank_invariant(
-    mode, n, interleave, seq_lens, decode_rows, can_split, data
+    mode, n, interleave, seq_lens, decode_rows, can_split, heads_local, comm, data
 ):
     """Every simulated rank, seeing its own shard plus the replicated metadata, takes the
     same route with the same layout; packed_ckv is taken only for steps with prefill rows
-    whose section fits, and a mixed step only when the backend can split off the decode
+    whose section fits and whose records are fewer bytes per rank than the query route's
+    queries and partials, and a mixed step only when the backend can split off the decode
     rows."""
     capacity = ckv.packed_ckv_capacity_rows(131072, 8, n, interleave)
     rows = data.draw(st.integers(0, 8192))
@@ -406,18 +423,87 @@ def test_route_decision_is_rank_invariant(
             num_prefill_rows=rows,
             num_decode_rows=decode_rows,
             can_split_decode_rows=can_split,
+            num_local_heads=heads_local,
+            dcp_size=n,
+            comm_backend=comm,
         )
         decisions.add((route, layout))
     assert len(decisions) == 1
     route, layout = decisions.pop()
     assert layout.rank_rows == sum(ckv.dcp_local_len(s, n, interleave, 0) for s in seq_lens)
+    query_bytes, packed_bytes = bf16_route_bytes(rows, layout.rank_rows, n, heads_local, comm)
     eligible = (
         mode != "query"
         and rows > 0
         and (decode_rows == 0 or can_split)
         and layout.rank_rows <= capacity
+        and packed_bytes < query_bytes
     )
     assert (route == "packed_ckv") == eligible
+
+
+def test_route_decision_follows_the_bytes_at_the_gate_shapes():
+    """The GLM-5-shaped gates (64 heads, TP = DCP = 2 or 4, a2a, prefix caching off,
+    8192-token steps) prefill 1024- and 8192-token prompts and the 700/2600/9100/17000
+    batch: every step with prefill rows moves fewer bytes on the packed route, while a
+    prefix-cache hit of 64 new rows over 17000 tokens of context stays on the query
+    route."""
+    budget = 8192
+    for n in (2, 4):
+        heads_local = 64 // n
+        capacity = ckv.packed_ckv_capacity_rows(32768, 8, n, 1)
+        for prompts in ([1024], [8192], [700, 2600, 9100, 17000]):
+            for seq_lens, rows in chunked_prefill_steps(prompts, budget):
+                layout = ckv.packed_ckv_layout(seq_lens, n, 1)
+                route = wire.select_prefill_route(
+                    "packed_ckv",
+                    rank_rows=layout.rank_rows,
+                    capacity_rows=capacity,
+                    num_prefill_rows=rows,
+                    num_decode_rows=0,
+                    can_split_decode_rows=True,
+                    num_local_heads=heads_local,
+                    dcp_size=n,
+                    comm_backend="a2a",
+                )
+                assert route == "packed_ckv", (n, prompts, seq_lens, rows)
+        layout = ckv.packed_ckv_layout([17000], n, 1)
+        assert (
+            wire.select_prefill_route(
+                "packed_ckv",
+                rank_rows=layout.rank_rows,
+                capacity_rows=capacity,
+                num_prefill_rows=64,
+                num_decode_rows=0,
+                can_split_decode_rows=True,
+                num_local_heads=heads_local,
+                dcp_size=n,
+                comm_backend="a2a",
+            )
+            == "query"
+        )
+
+
+def chunked_prefill_steps(prompts, budget):
+    """(seq lens of the prefill requests, prefill rows) of every step that has prefill
+    rows when the prompts arrive together and each step schedules at most ``budget``
+    tokens: requests already running first (a finished prompt decodes one token), then
+    the rest in order, each taking what the budget leaves (vLLM's chunked prefill)."""
+    done = [0] * len(prompts)
+    steps = []
+    while any(d < p for d, p in zip(done, prompts, strict=True)):
+        left = budget - sum(d >= p for d, p in zip(done, prompts, strict=True))
+        seq_lens, rows = [], 0
+        for i, p in enumerate(prompts):
+            if done[i] >= p or left == 0:
+                continue
+            take = min(p - done[i], left)
+            done[i] += take
+            left -= take
+            seq_lens.append(done[i])
+            rows += take
+        steps.append((seq_lens, rows))
+    return steps
 
 
 @settings(max_examples=300, deadline=None)
