@@ -450,38 +450,25 @@ def test_route_decision_follows_the_bytes_at_the_gate_shapes():
     route."""
     budget = 8192
     for n in (2, 4):
-        heads_local = 64 // n
         capacity = ckv.packed_ckv_capacity_rows(32768, 8, n, 1)
-        for prompts in ([1024], [8192], [700, 2600, 9100, 17000]):
-            for seq_lens, rows in chunked_prefill_steps(prompts, budget):
-                layout = ckv.packed_ckv_layout(seq_lens, n, 1)
-                route = wire.select_prefill_route(
-                    "packed_ckv",
-                    rank_rows=layout.rank_rows,
-                    capacity_rows=capacity,
-                    num_prefill_rows=rows,
-                    num_decode_rows=0,
-                    can_split_decode_rows=True,
-                    num_local_heads=heads_local,
-                    dcp_size=n,
-                    comm_backend="a2a",
-                )
-                assert route == "packed_ckv", (n, prompts, seq_lens, rows)
-        layout = ckv.packed_ckv_layout([17000], n, 1)
-        assert (
-            wire.select_prefill_route(
+
+        def route(seq_lens, rows, n=n, capacity=capacity):
+            return wire.select_prefill_route(
                 "packed_ckv",
-                rank_rows=layout.rank_rows,
+                rank_rows=ckv.packed_ckv_layout(seq_lens, n, 1).rank_rows,
                 capacity_rows=capacity,
-                num_prefill_rows=64,
+                num_prefill_rows=rows,
                 num_decode_rows=0,
                 can_split_decode_rows=True,
-                num_local_heads=heads_local,
+                num_local_heads=64 // n,
                 dcp_size=n,
                 comm_backend="a2a",
             )
-            == "query"
-        )
+
+        for prompts in ([1024], [8192], [700, 2600, 9100, 17000]):
+            for seq_lens, rows in chunked_prefill_steps(prompts, budget):
+                assert route(seq_lens, rows) == "packed_ckv", (n, prompts, seq_lens, rows)
+        assert route([17000], 64) == "query"
 
 
 def chunked_prefill_steps(prompts, budget):
