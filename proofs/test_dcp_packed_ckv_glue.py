@@ -99,7 +99,6 @@ def _vllm_config(n: int, interleave: int, route: str = "packed_ckv"):
             dcp_prefill_route=route,
             decode_context_parallel_size=n,
             cp_kv_cache_interleave_size=interleave,
-            dcp_comm_backend="a2a",
         ),
         scheduler_config=SimpleNamespace(max_num_seqs=4),
         model_config=SimpleNamespace(max_model_len=1024, dtype=torch.bfloat16),
@@ -132,6 +131,7 @@ def _worker(rank, world, port, geo, num_decodes, results) -> None:
             num_heads=geo.heads_local,
             kv_cache_dtype="fp8_ds_mla",
             can_split_decode_rows=True,
+            comm_backend="a2a",
         )
         nd = sum(geo.query_lens[:num_decodes])
         step = dict(
@@ -184,6 +184,7 @@ def _worker(rank, world, port, geo, num_decodes, results) -> None:
                 num_heads=geo.heads_local,
                 kv_cache_dtype="fp8_ds_mla",
                 can_split_decode_rows=False,
+                comm_backend="a2a",
             ).plan_step(**step)
             is None,
         }
