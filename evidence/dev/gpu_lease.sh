@@ -29,6 +29,8 @@
 # `wait` calls need carry nothing: `first` keeps .gpu/device-env.sh under $LEASE_ROOT.
 # A lease that a released machine cut short: GATE_REUSE=<the previous lease's archive>
 # GATE_ONLY=<the runs left> ... first; `wait` at once (an idle machine is released quickly).
+# `serve`: the serving smoke alone (evidence/serve_smoke.py; see there); `land` puts its record
+# into results/serve-smoke-0.34.0.json.
 # `tests`: install and the tree tests alone (no bench, no gate), in the foreground, for
 # CALL_S less 40 s (or TREE_STAGE_S); carries what `first` carries.
 # A call carries at most 64 MiB: this tree plus one staging part. ../shared/gpu's
@@ -116,6 +118,11 @@ if [ "${1:-}" = land ]; then
     done
     [ -f "$d/gate.tgz" ] && rm -rf "$W/gate" && mkdir -p "$W/gate" && tar xzf "$d/gate.tgz" -C "$W/gate"
     [ -f "$d/lease-logs.tgz" ] && cp "$d/lease-logs.tgz" "$A/gpu-lease-logs.tgz"
+  done
+  for d in "$@"; do  # the serving smoke (phase serve): its record and its logs
+    [ -f "$d/serve-smoke.json" ] && cp "$d/serve-smoke.json" results/serve-smoke-0.34.0.json \
+      && echo "results/serve-smoke-0.34.0.json"
+    [ -f "$d/serve-logs.tgz" ] && cp "$d/serve-logs.tgz" "$A/serve-logs.tgz"
   done
   for f in kernel-bench-h200-0.33.0.json dcp-topk-merge-h200-0.33.0.json; do
     [ -s "$W/$f" ] && cp "$W/$f" results/ && echo "results/$f"
@@ -210,7 +217,7 @@ gate_wait() {
   [ "$s" -gt 10 ] && python3 evidence/dcp_gate.py wait --work "$GATE" --seconds "$s" --dest "$DEST" \
     | tail -40
 }
-case "${1:?first|wait|tests}" in
+case "${1:?first|wait|tests|serve}" in
   first)
     deadline=${2:-}
     [ -n "$deadline" ] || [ -n "${LEASE_END_S:-}" ] || { echo "first GATE_DEADLINE_S (or LEASE_END_S)"; exit 2; }
@@ -295,5 +302,21 @@ case "${1:?first|wait|tests}" in
       bash evidence/dev/gpu_h200_session.sh tree-tests > "$RES/tree-tests/stage.log" 2>&1 < /dev/null
     grep -h "^== .*: " "$RES/tree-tests/tree-tests-h200.log" 2>/dev/null
     pack_logs ;;
-  *) echo "unknown phase $1 (first | wait | tests)"; exit 2 ;;
+  serve)
+    # The serving smoke (evidence/serve_smoke.py): `vllm serve` of the patched tree answering
+    # the openai client, compared with the offline engine; the GPU to itself, no gate. Carry
+    # what `first` carries (.gpu, the last part if not yet received, .gpu-overlay). A second
+    # `serve` call on the same warm machine resumes: the checkpoint and the offline reference
+    # stay under $R/serve. Brings back serve-smoke.json and serve-logs.tgz.
+    install_carried
+    VARIANT=patched source .gpu/device-env.sh
+    mkdir -p "$R/serve"
+    python3 evidence/serve_smoke.py all --work "$R/serve" --out "$OUT/serve-smoke.json" \
+      --deadline-s $(( $(left) - 30 )) --overlay-manifest .gpu-overlay/MANIFEST \
+      > "$RES/serve.log" 2>&1 < /dev/null
+    rc=$?
+    tail -25 "$RES/serve.log"
+    tar czf "$OUT/serve-logs.tgz" -C "$R/serve" --exclude ckpt . -C "$RES" serve.log
+    exit $rc ;;
+  *) echo "unknown phase $1 (first | wait | tests | serve)"; exit 2 ;;
 esac

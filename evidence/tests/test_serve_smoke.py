@@ -1,0 +1,150 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The serving smoke's pieces that run without a GPU (evidence/serve_smoke.py): its tokenizer,
+prompts, log and metric readers, the offline-vs-server comparison, and that its ``vllm serve``
+command means, to the patched vLLM's own parser, the settings its offline engine uses.
+
+The tokenizer and parser checks run in the test venv (``$PATCHSET_TEST_VENV`` or
+``build/testenv``: vLLM, Transformers, tokenizers) and skip without it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+VENV = Path(os.environ.get("PATCHSET_TEST_VENV", REPO / "build" / "testenv"))
+sys.path.insert(0, str(REPO / "evidence"))
+
+import serve_smoke as smoke  # noqa: E402
+
+needs_venv = pytest.mark.skipif(
+    not (VENV / "bin" / "python").exists(), reason=f"no test venv at {VENV}"
+)
+
+
+def run_in_venv(code: str, tmp_path: Path) -> dict:
+    proc = subprocess.run(
+        [str(VENV / "bin" / "python"), "-c", code],
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(REPO / "evidence"),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "CUDA_VISIBLE_DEVICES": "",
+        },
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_token_id_has_its_own_word_and_the_needle_sits_at_its_id() -> None:
+    words = smoke.vocab_words(32000)
+    assert len(set(words)) == 32000
+    assert words[:3] == ["<s>", "</s>", "<unk>"]
+    assert words[smoke.NEEDLE_ID] == smoke.NEEDLE_WORD
+    assert words[31999] == "w31999"  # the needle checkpoints' answer token
+
+
+def test_prompts_are_seeded_and_carry_the_needle_near_the_start() -> None:
+    first, again = smoke.prompts(), smoke.prompts()
+    assert first == again
+    assert [len(p.split()) for p in first] == [64, 700, 3000]
+    words = set(smoke.vocab_words(32000))
+    for p in first:
+        assert p.split()[3] == smoke.NEEDLE_WORD and p.split().count(smoke.NEEDLE_WORD) == 1
+        assert set(p.split()) <= words
+
+
+def test_the_kv_pool_is_the_last_size_the_log_reports() -> None:
+    log = (
+        "INFO ... GPU KV cache size: 1,024 tokens\n"
+        "INFO [kv_cache_utils.py:1314] GPU KV cache size: 18,398,016 tokens\n"
+    )
+    assert smoke.kv_pool_tokens(log) == 18_398_016
+    assert smoke.kv_pool_tokens("no pool here") is None
+
+
+def test_metrics_sum_label_sets_and_ignore_other_names() -> None:
+    page = "\n".join(
+        [
+            "# HELP vllm:spec_decode_num_drafts_total Drafts.",
+            'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 12.0',
+            'vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 3.0',
+            'vllm:spec_decode_num_drafts_created{engine="0"} 1.7e9',
+            "vllm:spec_decode_adaptive_depth 4.0",
+        ]
+    )
+    got = smoke.metric_values(page, smoke.SPEC_METRICS)
+    assert got == {
+        "vllm:spec_decode_num_drafts_total": 15.0,
+        "vllm:spec_decode_adaptive_depth": 4.0,
+    }
+
+
+def test_a_server_answer_that_differs_from_the_offline_one_is_a_problem() -> None:
+    ref = {"text": "w31999 w31999", "token_ids": [31999, 31999]}
+    assert smoke.compare(ref, {"text": "w31999 w31999", "token_ids": [31999, 31999]}, "a") == []
+    assert smoke.compare(ref, {"text": "w31999 w31999"}, "streamed") == []
+    assert smoke.compare(ref, {"text": "w31999 w5"}, "b") != []
+    assert smoke.compare(ref, {"text": "w31999 w31999", "token_ids": [31999, 5]}, "c") != []
+    assert smoke.compare(ref, {}, "d") != []
+
+
+@needs_venv
+def test_the_tokenizer_round_trips_prompts_and_renders_the_chat(tmp_path: Path) -> None:
+    """Transformers loads the written tokenizer; a prompt encodes to one id per word and
+    decodes back to itself; the chat template ends with the generation prompt."""
+    code = f"""
+import json, sys
+from pathlib import Path
+import serve_smoke as s
+from transformers import AutoTokenizer
+s.write_tokenizer(Path({str(tmp_path)!r}), 32000)
+t = AutoTokenizer.from_pretrained({str(tmp_path)!r})
+p = s.prompts()[1]
+ids = t(p, add_special_tokens=True)["input_ids"]
+chat = t.apply_chat_template(s.chats()[1], tokenize=False, add_generation_prompt=True)
+print(json.dumps({{"n": len(ids), "words": len(p.split()), "back": t.decode(ids) == p,
+  "needle": ids[3], "unk": t.unk_token_id in ids, "eos": t.eos_token_id,
+  "chat_head": chat[:16], "chat_tail": chat[-12:]}}))
+"""
+    got = run_in_venv(code, tmp_path)
+    assert got["n"] == got["words"] == 700 and got["back"] and not got["unk"]
+    assert got["needle"] == smoke.NEEDLE_ID and got["eos"] == 1
+    assert got["chat_head"] == "system : w100 w2" and got["chat_tail"] == "assistant :"
+
+
+@needs_venv
+def test_the_serve_command_means_the_offline_engines_settings(tmp_path: Path) -> None:
+    """vLLM's own ``vllm serve`` parser turns serve_argv into engine arguments equal to
+    engine_settings (what the offline reference engine is built with)."""
+    code = """
+import json
+from pathlib import Path
+import serve_smoke as s
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.entrypoints.common.cli_args import make_arg_parser
+argv = s.serve_argv(Path("/nonexistent/ckpt"), 8011)
+assert argv[3] == "serve", argv
+args = make_arg_parser(FlexibleArgumentParser(prog="vllm serve")).parse_args(argv[4:])
+ea = AsyncEngineArgs.from_cli_args(args)
+got = {k: getattr(ea, k) for k in s.engine_settings()}
+got["attention_backend"] = getattr(got["attention_backend"], "name", got["attention_backend"])
+print(json.dumps({"got": got, "want": s.engine_settings(), "model": args.model_tag,
+  "port": args.port, "name": args.served_model_name}))
+"""
+    got = run_in_venv(code, tmp_path)
+    assert got["got"] == got["want"]
+    assert got["model"] == "/nonexistent/ckpt" and got["port"] == 8011
+    assert got["name"] == [smoke.SERVED_NAME]
