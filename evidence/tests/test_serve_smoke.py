@@ -121,30 +121,46 @@ print(json.dumps({{"n": len(ids), "words": len(p.split()), "back": t.decode(ids)
     got = run_in_venv(code, tmp_path)
     assert got["n"] == got["words"] == 700 and got["back"] and not got["unk"]
     assert got["needle"] == smoke.NEEDLE_ID and got["eos"] == 1
-    assert got["chat_head"] == "system : w100 w2" and got["chat_tail"] == "assistant :"
+    assert got["chat_head"] == "system : w100 w2" and got["chat_tail"] == " assistant :"
 
 
 @needs_venv
 def test_the_serve_command_means_the_offline_engines_settings(tmp_path: Path) -> None:
     """vLLM's own ``vllm serve`` parser turns serve_argv into engine arguments equal to
-    engine_settings (what the offline reference engine is built with)."""
-    code = """
+    engine_settings (what the offline reference engine is built with), and into an engine
+    configuration with the series' backend, the fp8_ds_mla cache and MTP 5 with the
+    acceptance-driven depth (the checkpoint's config, no weights)."""
+    code = f"""
 import json
 from pathlib import Path
+import make_dsa_gate_ckpt as mk
 import serve_smoke as s
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.entrypoints.common.cli_args import make_arg_parser
-argv = s.serve_argv(Path("/nonexistent/ckpt"), 8011)
+ckpt = Path({str(tmp_path)!r}) / "ckpt"
+ckpt.mkdir()
+cfg = mk.make_config("glm", 4)
+(ckpt / "config.json").write_text(json.dumps(cfg))
+s.write_tokenizer(ckpt, cfg["vocab_size"])
+argv = s.serve_argv(ckpt, 8011)
 assert argv[3] == "serve", argv
 args = make_arg_parser(FlexibleArgumentParser(prog="vllm serve")).parse_args(argv[4:])
+args.model = args.model_tag
 ea = AsyncEngineArgs.from_cli_args(args)
-got = {k: getattr(ea, k) for k in s.engine_settings()}
-got["attention_backend"] = getattr(got["attention_backend"], "name", got["attention_backend"])
-print(json.dumps({"got": got, "want": s.engine_settings(), "model": args.model_tag,
-  "port": args.port, "name": args.served_model_name}))
+got = {{k: getattr(ea, k) for k in s.engine_settings()}}
+config = ea.create_engine_config()
+spec = config.speculative_config
+print(json.dumps({{"got": got, "want": s.engine_settings(), "port": args.port,
+  "name": args.served_model_name,
+  "backend": config.attention_config.backend.name,
+  "kv": str(config.cache_config.cache_dtype),
+  "spec": [spec.method, spec.num_speculative_tokens, spec.adaptive_speculative_tokens],
+  "max_len": config.model_config.max_model_len}}))
 """
     got = run_in_venv(code, tmp_path)
     assert got["got"] == got["want"]
-    assert got["model"] == "/nonexistent/ckpt" and got["port"] == 8011
-    assert got["name"] == [smoke.SERVED_NAME]
+    assert got["port"] == 8011 and got["name"] == [smoke.SERVED_NAME]
+    assert got["backend"] == smoke.BACKEND and got["kv"] == smoke.KV_CACHE_DTYPE
+    assert got["spec"] == ["mtp", 5, "acceptance"]
+    assert got["max_len"] == smoke.MAX_MODEL_LEN
