@@ -785,6 +785,38 @@ def tool_section() -> list[str]:
     return out
 
 
+def serve_section() -> list[str]:
+    """The serving smoke (``serve-smoke-*.json``, evidence/serve_smoke.py): one table each."""
+    out: list[str] = []
+    for name, d in load("serve-smoke-*.json"):
+        b = d.get("bench") or {}
+        m = d.get("spec_metrics_after_bench") or {}
+        drafted = m.get("vllm:spec_decode_num_draft_tokens_total")
+        accepted = m.get("vllm:spec_decode_num_accepted_tokens_total")
+        out += [f"### `vllm serve` smoke ({card(d)}, {base_of(d)}), `{name}`", ""]
+        out += [d.get("what", ""), ""]
+        out += table(
+            ["figure", "value"],
+            [
+                ["revision", revision(d)],
+                ["ok (client answers = offline greedy, bench completed)", d.get("ok")],
+                ["problems", len(d.get("problems", []))],
+                ["server start s", fmt(d.get("server_start_s"))],
+                ["KV pool (tokens, from the start-up log)", d.get("kv_pool_tokens")],
+                ["answers checked", sum(len(v) for v in (d.get("answers") or {}).values())],
+                [
+                    "bench completed",
+                    f"{b.get('completed')} of {d['bench_settings']['num_prompts']}",
+                ],
+                ["output tokens/s", fmt(b.get("output_throughput"))],
+                ["median TTFT ms", fmt(b.get("median_ttft_ms"))],
+                ["median TPOT ms", fmt(b.get("median_tpot_ms"))],
+                ["draft tokens accepted", f"{fmt(accepted)} of {fmt(drafted)}"],
+            ],
+        )
+    return out
+
+
 def export_section() -> list[str]:
     """One table per ``patchset export --check --json`` record (``export-check-*.json``)."""
     out: list[str] = []
@@ -954,6 +986,7 @@ def render() -> str:
         topk_order_section,
         tool_section,
         export_section,
+        serve_section,
     ):
         lines += section()
     return "\n".join(lines).rstrip() + "\n"
