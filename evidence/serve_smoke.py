@@ -445,7 +445,7 @@ def run_all(args: argparse.Namespace) -> int:
     manifest = args.overlay_manifest
     record = {
         "kind": "serve_smoke",
-        "vllm": vllm.__version__,
+        "base": vllm.__version__,
         "vllm_path": str(Path(vllm.__file__).parent),
         "overlay_manifest_sha256": (
             hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.is_file() else None
