@@ -122,6 +122,9 @@ def requested(argv: list[str]) -> dict[str, Any]:
         "gpu_memory_utilization": float(flag_value(argv, "--gpu-memory-utilization") or 0.9),
         "kv_cache_dtype": flag_value(argv, "--kv-cache-dtype") or "auto",
     }
+    for flag in ("--tool-call-parser", "--reasoning-parser", "--tokenizer-mode"):
+        if flag_value(argv, flag):
+            want[flag[2:].replace("-", "_")] = flag_value(argv, flag)
     if flag_value(argv, "--attention-backend"):
         want["attention_backend"] = flag_value(argv, "--attention-backend")
     if flag_value(argv, "--nnodes"):

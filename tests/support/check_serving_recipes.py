@@ -157,6 +157,24 @@ def _check_env(env: dict[str, str]) -> None:
             raise ValueError(f"{name} is not an environment variable of vLLM {envs.__name__}")
 
 
+def _check_parsers(args: Any) -> dict[str, Any]:
+    """The recipe's tool-call and reasoning parsers are registered in the installed vLLM."""
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    tool, reasoning = getattr(args, "tool_call_parser", None), args.reasoning_parser or None
+    if tool and tool not in ToolParserManager.list_registered():
+        raise ValueError(f"--tool-call-parser {tool} is not registered")
+    if reasoning and reasoning not in ReasoningParserManager.list_registered():
+        raise ValueError(f"--reasoning-parser {reasoning} is not registered")
+    return {
+        "tool_call_parser": tool,
+        "reasoning_parser": reasoning,
+        "enable_auto_tool_choice": bool(getattr(args, "enable_auto_tool_choice", False)),
+        "tokenizer_mode": str(args.tokenizer_mode),
+    }
+
+
 def check(recipe: Recipe) -> dict[str, Any]:
     """Parse one recipe, build its engine configuration and resolve it on the section's GPU."""
     import torch
@@ -186,6 +204,10 @@ def check(recipe: Recipe) -> dict[str, Any]:
     if getattr(args, "model_tag", None):  # what `vllm serve MODEL` does with the positional
         args.model = args.model_tag
     args.skip_tokenizer_init = True
+    parsers = _check_parsers(args)
+    # The reasoning parser reads the tokenizer's vocabulary while the configuration is built;
+    # there is none here (no download), so the name is checked above and then left out.
+    args.reasoning_parser = ""
     with contextlib.ExitStack() as stack:
         for name, value in recipe.env.items():
             stack.enter_context(_env(name, value))
@@ -242,6 +264,7 @@ def check(recipe: Recipe) -> dict[str, Any]:
         "attention_backend": _name(written),
         "auto_backend": auto_name,
         "backend": chosen_name,
+        **parsers,
         "dcp_prefill_route": getattr(parallel, "dcp_prefill_route", None),
         "speculative_method": None if spec is None else spec.method,
         "num_speculative_tokens": None if spec is None else spec.num_speculative_tokens,
