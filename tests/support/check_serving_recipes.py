@@ -154,7 +154,7 @@ def _check_env(env: dict[str, str]) -> None:
         if not name.startswith(ENV_PREFIXES):
             raise ValueError(f"environment variable {name} is none of {ENV_PREFIXES}")
         if name.startswith("VLLM_") and name not in envs.environment_variables:
-            raise ValueError(f"{name} is not an environment variable of vLLM {envs.__name__}")
+            raise ValueError(f"{name} is not an environment variable of the installed vLLM")
 
 
 def _check_parsers(args: Any) -> dict[str, Any]:
