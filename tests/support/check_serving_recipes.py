@@ -107,6 +107,13 @@ def _name(value: Any) -> Any:
     return getattr(value, "name", value)
 
 
+_EXTENSIONS = (
+    "vllm._C_stable_libtorch",
+    "vllm.vllm_flash_attn._vllm_fa2_C",
+    "vllm.vllm_flash_attn._vllm_fa3_C",
+)
+
+
 class _Device:
     """The compute capability the CUDA stand-in reports (set per recipe)."""
 
@@ -114,10 +121,12 @@ class _Device:
 
 
 def _cuda_stand_in() -> Any:
-    """vLLM's CudaPlatformBase with the device query answered by ``_Device``. Importing
-    ``vllm.platforms.cuda`` loads the CUDA extension (which needs libcuda): an empty module
-    stands in for it; nothing here calls a kernel."""
-    sys.modules.setdefault("vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch"))
+    """vLLM's CudaPlatformBase with the device query answered by ``_Device``. Loading the
+    wheel's CUDA extensions needs the CUDA driver: empty modules stand in for the platform's
+    (``vllm.platforms.cuda`` imports it) and for FlashAttention's (FA3's availability is
+    whether its extension loaded; the SM 9.x rule then decides). Nothing here runs a kernel."""
+    for name in _EXTENSIONS:
+        sys.modules.setdefault(name, types.ModuleType(name))
     from vllm.platforms.cuda import CudaPlatformBase
     from vllm.platforms.interface import DeviceCapability
 
@@ -135,6 +144,7 @@ def _cuda_stand_in() -> Any:
 
 @contextlib.contextmanager
 def _on_gpu(capability: tuple[int, int]) -> Any:
+    """The stand-in as vLLM's current platform."""
     import vllm.platforms as platforms
 
     stand_in = _cuda_stand_in()
@@ -240,6 +250,8 @@ def check(recipe: Recipe) -> dict[str, Any]:
         )
         heads = hf.num_attention_heads // parallel.tensor_parallel_size
         auto = cuda.get_attn_backend_cls(None, selector, num_heads=heads)
+        _, invalid = cuda.get_valid_backends(capability, selector, num_heads=heads)
+        refused = {b.name: reasons for b, (_, reasons) in invalid.items() if "SPARSE" in b.name}
         chosen = auto
         if written is not None:
             chosen = cuda.get_attn_backend_cls(
@@ -263,6 +275,7 @@ def check(recipe: Recipe) -> dict[str, Any]:
         "kv_cache_layout": _canonicalize_sparse_mla_kv_cache_dtype(backend_cls, cache_dtype),
         "attention_backend": _name(written),
         "auto_backend": auto_name,
+        "refused_backends": refused,
         "backend": chosen_name,
         **parsers,
         "dcp_prefill_route": getattr(parallel, "dcp_prefill_route", None),
