@@ -323,7 +323,7 @@ def render(checkpoints: Sequence[Checkpoint] | None = None) -> str:
         "",
         "KV tokens per request = what one GPU's KV memory holds x the DCP size (TP 4 or 8 "
         "throughout; MLA keeps every layer's latent on every TP rank). `-`: the weights do not "
-        "fit.",
+        "fit. Past the model's max context a larger pool holds more requests, not a longer one.",
     ]
     for m in MACHINES:
         lines += [
