@@ -47,8 +47,11 @@ apply: fetch
 verify: setup
 	$(PATCHSET) verify --tree $(VLLM)
 
+# PLATFORM=aarch64: overlay vLLM's manylinux_2_28_aarch64 wheel (DGX Spark) instead of the
+# x86_64 one; the two overlay wheels (and their receipts) live side by side in dist/.
+PLATFORM ?=
 wheel: apply verify
-	$(PATCHSET) wheel --tree $(VLLM)
+	$(PATCHSET) wheel --tree $(VLLM) $(if $(PLATFORM),--platform $(PLATFORM))
 
 lock-check: setup
 	$(PATCHSET) lock --check
