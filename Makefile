@@ -1,7 +1,10 @@
 # dcp-series: every target runs the tool from the repository venv .venv (`make setup`).
 #
 #   make wheel                 fetch the pins, apply + verify the series on build/vllm,
-#                              build dist/vllm-0.34.0+dcp.<digest>-...whl and dist/receipt.json
+#                              build dist/vllm-0.34.0+dcp.<digest>-...x86_64.whl, dist/receipt.json
+#   make wheel PLATFORM=aarch64   the same from vLLM's aarch64 wheel (DGX Spark, GB10):
+#                              dist/vllm-0.34.0+dcp.<digest>-...-manylinux_2_28_aarch64.whl,
+#                              dist/receipt-aarch64.json (beside the x86_64 one)
 #   make test                  lock check, a fresh test venv with the overlay wheel (pip), then
 #                              two suites at a time: tool tests, proofs, vLLM-tree tests,
 #                              upstream tests, the evidence lab's CPU tests; each one timed
@@ -31,7 +34,10 @@ STAMP := $(VENV)/.dcp-setup
 
 setup: $(STAMP)
 
+# The oldest Python the tool has run on (Debian 12's python3); .ci/run and README say the same.
 $(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11, 2) and \
+	  "$(PYTHON) is Python " + sys.version.split()[0] + "; python3 >= 3.11.2 is required")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check -q -e '.[test]'
 	touch $@
@@ -47,8 +53,11 @@ apply: fetch
 verify: setup
 	$(PATCHSET) verify --tree $(VLLM)
 
+# PLATFORM=aarch64: overlay vLLM's manylinux_2_28_aarch64 wheel (DGX Spark) instead of the
+# x86_64 one; the two overlay wheels (and their receipts) live side by side in dist/.
+PLATFORM ?=
 wheel: apply verify
-	$(PATCHSET) wheel --tree $(VLLM)
+	$(PATCHSET) wheel --tree $(VLLM) $(if $(PLATFORM),--platform $(PLATFORM))
 
 lock-check: setup
 	$(PATCHSET) lock --check

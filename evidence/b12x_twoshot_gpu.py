@@ -65,7 +65,20 @@ def _sha256(path: Path) -> str:
 
 def _tree(sdist: Path, patches: list[Path], dest: Path) -> Path:
     with tarfile.open(sdist) as tf:
-        tf.extractall(dest, filter="data")
+        members = tf.getmembers()
+        # regular files and directories under relative paths only, on every Python: the
+        # `data` filter (PEP 706) is missing before 3.11.4, e.g. on Debian 12's 3.11.2
+        unsafe = [
+            m.name
+            for m in members
+            if not (m.isreg() or m.isdir()) or m.name.startswith("/") or ".." in m.name.split("/")
+        ]
+        if unsafe:
+            raise RuntimeError(f"{sdist}: refusing to extract unsafe members {unsafe[:5]}")
+        if hasattr(tarfile, "data_filter"):
+            tf.extractall(dest, members=members, filter="data")
+        else:
+            tf.extractall(dest, members=members)
     root = dest / TOP_DIR
     for patch in patches:
         # git apply outside a repository is a plain patch; `patch` where git is absent

@@ -37,7 +37,13 @@ differs_from_sdist = ["vllm/_version.py"]
 def test_repository_pins_cover_every_base() -> None:
     """The repository's pins.toml names vLLM 0.34.0 and b12x 1.5.1, each as sdist and wheel."""
     pins = load_pins(REPO / "pins.toml")
-    assert {p.key for p in pins} == {"vllm.sdist", "vllm.wheel", "b12x.sdist", "b12x.wheel"}
+    assert {p.key for p in pins} == {
+        "vllm.sdist",
+        "vllm.wheel",
+        "vllm.wheel_aarch64",
+        "b12x.sdist",
+        "b12x.wheel",
+    }
     sdist = pins.get("vllm", "sdist")
     assert sdist.filename == "vllm-0.34.0.tar.gz"
     assert sdist.top_dir == "vllm-0.34.0"
@@ -53,6 +59,15 @@ def test_repository_pins_cover_every_base() -> None:
     assert pins.get("b12x", "sdist").requirement == "b12x==1.5.1"
     assert pins.get("vllm", "wheel").differs_from_sdist == ("vllm/_version.py",)
     assert pins.targets() == ("vllm", "b12x")
+    # The same release for DGX Spark (aarch64), with the same documented build facts.
+    x86, arm = pins.wheel("vllm"), pins.wheel("vllm", "aarch64")
+    assert (x86.arch, arm.arch, arm.key) == ("x86_64", "aarch64", "vllm.wheel_aarch64")
+    assert pins.wheel("vllm", "x86_64") == x86 and pins.get("vllm", "wheel_aarch64") == arm
+    assert arm.filename == "vllm-0.34.0-cp38-abi3-manylinux_2_28_aarch64.whl"
+    for field in ("requirement", "differs_from_sdist", "build_only_py", "install_substitutes"):
+        assert getattr(arm, field) == getattr(x86, field), field
+    # b12x is pure Python: its one wheel serves both platforms.
+    assert pins.wheel("b12x", "aarch64") == pins.wheel("b12x") == pins.get("b12x", "wheel")
 
 
 def test_valid_pins_parse(tmp_path: Path) -> None:
@@ -108,3 +123,88 @@ def test_find_root_walks_up_to_pins(tmp_path: Path) -> None:
     assert find_root(deep) == tmp_path.resolve()
     with pytest.raises(PinError):
         find_root(Path("/"))
+
+
+AARCH64 = """
+[vllm.wheel_aarch64]
+requirement = "vllm==0.26.0"
+filename = "vllm-0.26.0-cp38-abi3-manylinux_2_28_aarch64.whl"
+sha256 = "{sha}"
+pip_args = ["--only-binary=:all:", "--platform", "manylinux_2_28_aarch64"]
+
+[vllm.wheel_aarch64.env]
+"""
+
+
+def test_a_platform_wheel_table_parses_beside_the_default(tmp_path: Path) -> None:
+    """``[vllm.wheel_aarch64]`` is a wheel pin for aarch64; ``[vllm.wheel]`` stays the default."""
+    path = tmp_path / "pins.toml"
+    path.write_text(VALID.format(sha="a" * 64) + AARCH64.format(sha="b" * 64))
+    pins = load_pins(path)
+    arm = pins.wheel("vllm", "aarch64")
+    assert (arm.kind, arm.platform, arm.table, arm.key) == (
+        "wheel",
+        "aarch64",
+        "wheel_aarch64",
+        "vllm.wheel_aarch64",
+    )
+    assert pins.wheel("vllm").sha256 == "a" * 64 and pins.wheel("vllm").platform is None
+    assert [p.key for p in pins.wheels("vllm")] == ["vllm.wheel", "vllm.wheel_aarch64"]
+    with pytest.raises(PinError, match="no vllm wheel pinned for ppc64le") as err:
+        pins.wheel("vllm", "ppc64le")
+    assert err.value.hint == "add a [vllm.wheel_ppc64le] table to pins.toml"
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (
+            (
+                'vllm==0.26.0"\nfilename = "vllm-0.26.0-cp38-abi3-manylinux_2_28_aarch64',
+                'vllm==0.27.0"\nfilename = "vllm-0.26.0-cp38-abi3-manylinux_2_28_aarch64',
+            ),
+            "[vllm.wheel_aarch64]: requirement 'vllm==0.27.0' is not [vllm.wheel]'s 'vllm==0.26.0'",
+        ),
+        (
+            ("manylinux_2_28_aarch64.whl", "manylinux_2_28_x86_64.whl"),
+            "[vllm.wheel_aarch64]: filename 'vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl' is "
+            "for x86_64, not aarch64",
+        ),
+    ],
+)
+def test_a_platform_table_must_be_the_same_release_for_its_arch(
+    tmp_path: Path, edit: tuple[str, str], problem: str
+) -> None:
+    path = tmp_path / "pins.toml"
+    path.write_text(VALID.format(sha="a" * 64) + AARCH64.format(sha="b" * 64).replace(*edit))
+    with pytest.raises(PinError) as err:
+        load_pins(path)
+    assert problem in err.value.details
+
+
+def test_a_platform_table_needs_the_default_wheel(tmp_path: Path) -> None:
+    text = VALID.format(sha="a" * 64)
+    text = text[: text.index("[vllm.wheel]")] + AARCH64.format(sha="b" * 64)
+    path = tmp_path / "pins.toml"
+    path.write_text(text)
+    with pytest.raises(PinError) as err:
+        load_pins(path)
+    assert err.value.details == ["[vllm.wheel_aarch64]: needs a [vllm.wheel] of the same release"]
+
+
+@pytest.mark.parametrize(
+    ("filename", "arch"),
+    [
+        ("vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl", "x86_64"),
+        ("vllm-0.34.0-cp38-abi3-manylinux_2_28_aarch64.whl", "aarch64"),
+        ("x-1-cp312-cp312-manylinux_2_17_aarch64.manylinux2014_aarch64.whl", "aarch64"),
+        ("x-1-cp312-cp312-manylinux2014_aarch64.whl", "aarch64"),
+        ("x-1-cp312-cp312-musllinux_1_1_x86_64.whl", "x86_64"),
+        ("x-1-cp312-cp312-linux_aarch64.whl", "aarch64"),
+        ("b12x-1.5.1-py3-none-any.whl", "any"),
+    ],
+)
+def test_wheel_arch_reads_the_platform_tag(filename: str, arch: str) -> None:
+    from patchset.pins import wheel_arch
+
+    assert wheel_arch(filename) == arch

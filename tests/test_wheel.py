@@ -670,3 +670,44 @@ def test_a_full_disk_at_the_receipt_leaves_the_old_wheel_and_receipt(
     err = capsys.readouterr().err
     assert "No space left on device" in err and "roll" not in err, err
     assert snapshot(out) == before
+
+
+def test_cli_wheel_platform_builds_beside_the_default_and_keeps_it(
+    wheel_ws: Workspace, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--platform aarch64` overlays the [vllm.wheel_aarch64] base and writes
+    receipt-aarch64.json; the x86_64 overlay and receipt.json stay; an arch without a pin
+    exits 1 naming the pinned ones."""
+    from patchset.receipt import read_receipt
+
+    cache = Path(os.environ["PATCHSET_CACHE"])
+    arm_name = BASE_NAME.replace("x86_64", "aarch64")
+    arm = make_base_wheel(cache / arm_name)
+    with (wheel_ws.repo / "pins.toml").open("a") as fh:
+        fh.write(
+            "[vllm.wheel_aarch64]\n"
+            f'requirement = "vllm==0.26.0"\nfilename = "{arm_name}"\n'
+            f'sha256 = "{sha256_file(arm)}"\npip_args = []\n'
+            'differs_from_sdist = ["vllm/_version.py"]\nbuild_only_py = ["vllm/vendored/"]\n'
+            "[vllm.wheel_aarch64.env]\n"
+        )
+    change = {"vllm/a.py": (PRISTINE["vllm/a.py"], b"A = 42\n")}
+    wheel_ws.setup(PRISTINE, [("vllm/0001-a.patch", patch_bytes(change))])
+    out = wheel_ws.repo / "dist"
+    argv = ["-C", str(wheel_ws.repo), "wheel", "--tree", str(wheel_ws.tree)]
+    assert main(argv) == 0
+    assert main([*argv, "--platform", "aarch64"]) == 0
+    x86, arm_receipt = (
+        read_receipt(out / "receipt.json"),
+        read_receipt(out / "receipt-aarch64.json"),
+    )
+    assert x86["base"]["wheel"]["filename"] == BASE_NAME
+    assert arm_receipt["base"]["wheel"]["filename"] == arm_name
+    assert arm_receipt["wheel"]["filename"] == x86["wheel"]["filename"].replace("x86_64", "aarch64")
+    assert sorted(p.name for p in out.glob("*.whl")) == sorted(
+        [x86["wheel"]["filename"], arm_receipt["wheel"]["filename"]]
+    )
+    capsys.readouterr()
+    assert main([*argv, "--platform", "ppc64le"]) == 1
+    err = capsys.readouterr().err
+    assert "no vllm wheel pinned for ppc64le" in err and "aarch64 [vllm.wheel_aarch64]" in err

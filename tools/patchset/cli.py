@@ -435,7 +435,7 @@ def cmd_fetch(args: argparse.Namespace, repo: Path) -> int:
     cache = cache_dir(repo)
     source = Path(args.source).resolve() if args.source else None
     for got in fetch_all(load_pins(repo / "pins.toml"), cache, offline=args.offline, source=source):
-        _info(f"{got.action:<10} {got.pin.key:<11} {got.path}  sha256={got.pin.sha256}")
+        _info(f"{got.action:<10} {got.pin.key:<18} {got.path}  sha256={got.pin.sha256}")
     return 0
 
 
@@ -467,6 +467,7 @@ def cmd_wheel(args: argparse.Namespace, repo: Path) -> int:
             out_dir=Path(args.out) if args.out else None,
             offline=args.offline,
             log=_info,
+            arch=args.platform,
         )
         _info(f"Built {built.path} ({len(built.overlay.files)} file(s) overlaid)")
         _info(f"sha256 {built.sha256}")
@@ -488,6 +489,12 @@ def _add_dist_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore
     )
     p.add_argument("--out", help="output directory (default: dist)")
     p.add_argument("--offline", action="store_true", help="never run pip; use the cache only")
+    p.add_argument(
+        "--platform",
+        metavar="ARCH",
+        help="overlay the wheel pinned for this CPU (x86_64, aarch64: [vllm.wheel_aarch64]); "
+        "default: [vllm.wheel] (x86_64); the b12x wheel is pure Python and serves both",
+    )
     p.set_defaults(func=cmd_wheel)
 
 

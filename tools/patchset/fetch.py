@@ -34,6 +34,7 @@ from .errors import ExternalToolError, HashMismatch, PatchsetError, PinError
 from .hashing import sha256_bytes, sha256_file
 from .index import download_from_index
 from .pins import Pin, Pins, find_root, load_pins
+from .safetar import extract, member_problems
 
 PipRunner = Callable[[Sequence[str], Mapping[str, str]], None]
 """Runs one ``pip download`` argv (after the pip command itself) under an environment."""
@@ -240,7 +241,7 @@ def extract_sdist(archive: Path, top_dir: str, dest: Path) -> None:
                 details=problems,
             )
         with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.unpack-") as tmp:
-            tar.extractall(tmp, members=members, filter="data")
+            extract(tar, members, Path(tmp))
             unpacked = Path(tmp) / top_dir
             if not unpacked.is_dir():
                 raise PinError(f"{archive.name}: no top directory {top_dir!r}")
@@ -250,18 +251,16 @@ def extract_sdist(archive: Path, top_dir: str, dest: Path) -> None:
 
 
 def unsafe_members(members: Sequence[tarfile.TarInfo], top_dir: str) -> list[str]:
-    """Why each member may not be unpacked (outside ``top_dir/``, absolute, ``..``, not a
+    """Why each member may not be unpacked (outside ``top_dir/``, or unsafe as
+    :func:`patchset.safetar.member_problems` says: absolute, ``..``, a link, a device, not a
     regular file or directory); empty when the archive is safe."""
     problems = []
     for member in members:
-        name = member.name
-        parts = name.split("/")
-        if name.startswith("/") or "\\" in name or ".." in parts:
-            problems.append(f"{name}: path escapes the tree")
-        elif parts[0] != top_dir:
-            problems.append(f"{name}: outside the top directory {top_dir}/")
-        elif not (member.isreg() or member.isdir()):
-            problems.append(f"{name}: not a regular file or directory")
+        why = member_problems([member], Path("/unpack-root"))
+        if why:
+            problems.extend(why)
+        elif member.name.split("/")[0] != top_dir:
+            problems.append(f"{member.name}: outside the top directory {top_dir}/")
     return problems
 
 

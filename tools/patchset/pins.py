@@ -1,7 +1,12 @@
 """``pins.toml``: the pinned upstream artefacts (file name, sha256, how pip fetches them).
 
-The model is a frozen :class:`Pin` per (target, kind); :func:`load_pins` validates the whole
-file and reports every problem at once in one :class:`~patchset.errors.PinError`.
+The model is a frozen :class:`Pin` per table; :func:`load_pins` validates the whole file and
+reports every problem at once in one :class:`~patchset.errors.PinError`.
+
+Tables: ``[<target>.sdist]`` (the patch base), ``[<target>.wheel]`` (the overlay wheel's base)
+and, for the same release built for another CPU, ``[<target>.wheel_<arch>]`` (e.g.
+``[vllm.wheel_aarch64]``). A platform table must name the same requirement as
+``[<target>.wheel]`` and a wheel file whose platform tag is for ``<arch>``.
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -31,6 +36,18 @@ _KIND_KEYS: dict[str, set[str]] = {
     "wheel": _COMMON_KEYS | {"differs_from_sdist", "build_only_py", "install_substitutes"},
 }
 _SUFFIX = {"sdist": (".tar.gz",), "wheel": (".whl",)}
+_PLATFORM_TABLE = re.compile(r"wheel_([a-z0-9][a-z0-9_]*)")
+_PLATFORM_TAG = re.compile(
+    r"(?:manylinux|musllinux)_[0-9]+_[0-9]+_(.+)|manylinux[0-9]+_(.+)|linux_(.+)"
+)
+
+
+def wheel_arch(filename: str) -> str:
+    """The CPU architecture a wheel file name's platform tag is for (``any`` for pure Python):
+    ``...-manylinux_2_28_aarch64.whl`` -> ``aarch64``; ``...-py3-none-any.whl`` -> ``any``."""
+    tag = filename.removesuffix(".whl").rsplit("-", 1)[-1].split(".")[0]
+    match = _PLATFORM_TAG.fullmatch(tag)
+    return next((g for g in match.groups() if g), tag) if match else tag
 
 
 @dataclass(frozen=True)
@@ -60,11 +77,22 @@ class Pin:
     build_only_py: tuple[str, ...] = ()
     install_substitutes: tuple[tuple[str, str], ...] = ()
     download: DownloadMethod = "pip"
+    platform: str | None = None
+
+    @property
+    def table(self) -> str:
+        """The pin's table under its target: ``sdist``, ``wheel`` or ``wheel_<platform>``."""
+        return f"wheel_{self.platform}" if self.platform else self.kind
 
     @property
     def key(self) -> str:
-        """``<target>.<kind>``, the name used in messages, locks and receipts."""
-        return f"{self.target}.{self.kind}"
+        """``<target>.<table>``, the name used in messages, locks and receipts."""
+        return f"{self.target}.{self.table}"
+
+    @property
+    def arch(self) -> str | None:
+        """A wheel pin's CPU architecture, read from its file name (None for an sdist)."""
+        return wheel_arch(self.filename) if self.kind == "wheel" else None
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -78,12 +106,34 @@ class Pins:
     path: Path
     pins: tuple[Pin, ...]
 
-    def get(self, target: str, kind: str) -> Pin:
+    def get(self, target: str, table: str) -> Pin:
+        """The pin of table ``[target.table]`` (``sdist``, ``wheel``, ``wheel_aarch64``)."""
         for pin in self.pins:
-            if pin.target == target and pin.kind == kind:
+            if pin.target == target and pin.table == table:
                 return pin
         known = ", ".join(pin.key for pin in self.pins) or "none"
-        raise PinError(f"{self.path}: no pin [{target}.{kind}] (pinned: {known})")
+        raise PinError(f"{self.path}: no pin [{target}.{table}] (pinned: {known})")
+
+    def wheels(self, target: str) -> tuple[Pin, ...]:
+        """``target``'s wheel pins: ``[target.wheel]`` first, then each platform table."""
+        return tuple(p for p in self.pins if p.target == target and p.kind == "wheel")
+
+    def wheel(self, target: str, arch: str | None = None) -> Pin:
+        """The wheel pin of ``target`` for CPU ``arch``: the one whose file name is for
+        ``arch``, or a pure-Python ``[target.wheel]``; None: ``[target.wheel]``."""
+        wheels = self.wheels(target)
+        for pin in wheels:
+            if arch is None and pin.platform is None or arch is not None and pin.arch == arch:
+                return pin
+        for pin in wheels:
+            if pin.platform is None and pin.arch == "any":
+                return pin  # a pure-Python wheel serves every platform
+        have = ", ".join(f"{p.arch} [{p.key}]" for p in wheels) or "none"
+        raise PinError(
+            f"{self.path}: no {target} wheel pinned for {arch or 'the default platform'} "
+            f"(pinned: {have})",
+            hint=f"add a [{target}.wheel_{arch}] table to pins.toml" if arch else None,
+        )
 
     def __iter__(self) -> Iterator[Pin]:
         return iter(self.pins)
@@ -118,12 +168,18 @@ def parse_pins(raw: Mapping[str, Any], path: Path) -> Pins:
             continue
         for kind, entry in table.items():
             where = f"[{target}.{kind}]"
-            if kind not in KINDS or not isinstance(entry, dict):
-                problems.append(f"{where}: unknown kind (expected one of {', '.join(KINDS)})")
+            platform = _PLATFORM_TABLE.fullmatch(kind)
+            if (kind not in KINDS and platform is None) or not isinstance(entry, dict):
+                problems.append(
+                    f"{where}: unknown kind (expected one of {', '.join(KINDS)}, wheel_<arch>)"
+                )
                 continue
-            pin = _parse_entry(target, kind, entry, where, problems)
+            pin = _parse_entry(target, "wheel" if platform else kind, entry, where, problems)
+            if pin is not None and platform is not None:
+                pin = replace(pin, platform=platform.group(1))
             if pin is not None:
                 pins.append(pin)
+    problems.extend(_platform_problems(pins))
     if not pins and not problems:
         problems.append("no pins")
     if problems:
@@ -214,6 +270,39 @@ def _parse_entry(
         install_substitutes=substitutes,
         download=download,
     )
+
+
+def _platform_problems(pins: list[Pin]) -> list[str]:
+    """A ``[t.wheel_<arch>]`` must be the ``[t.wheel]`` release for ``<arch>``, and no two wheel
+    pins of one target may be for the same architecture."""
+    problems = []
+    for pin in pins:
+        if pin.platform is None:
+            continue
+        where = f"[{pin.key}]"
+        default = next(
+            (p for p in pins if p.target == pin.target and p.kind == "wheel" and not p.platform),
+            None,
+        )
+        if default is None:
+            problems.append(f"{where}: needs a [{pin.target}.wheel] of the same release")
+        elif default.requirement != pin.requirement:
+            problems.append(
+                f"{where}: requirement {pin.requirement!r} is not [{default.key}]'s "
+                f"{default.requirement!r}"
+            )
+        if pin.arch != pin.platform:
+            problems.append(
+                f"{where}: filename {pin.filename!r} is for {pin.arch}, not {pin.platform}"
+            )
+        twins = [
+            p.key
+            for p in pins
+            if p.target == pin.target and p.kind == "wheel" and p.arch == pin.arch
+        ]
+        if len(twins) > 1:
+            problems.append(f"{where}: {', '.join(twins)} are all for {pin.arch}")
+    return problems
 
 
 def normalise_name(name: str) -> str:

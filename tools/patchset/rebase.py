@@ -772,16 +772,6 @@ def _write_output(
 
     target, old, new = report.target, report.old.version, report.new.version
     sdist_pin = pins.get(target, "sdist")
-    wheel_pin = pins.get(target, "wheel")
-    new_wheel_pin = replace(
-        wheel_pin,
-        requirement=wheel_pin.requirement.replace(old, new),
-        filename=wheel_pin.filename.replace(old, new),
-        sha256="",
-    )
-    _, wheel_digest = fetch_release(
-        new_wheel_pin, cache_dir(root) / "rebase", source=wheel, pip=pip, log=log
-    )
     updates: dict[str, dict[str, str]] = {
         "sdist": {
             "requirement": sdist_pin.requirement.replace(old, new),
@@ -789,12 +779,28 @@ def _write_output(
             "sha256": report.new.sha256,
             "top_dir": (sdist_pin.top_dir or "").replace(old, new),
         },
-        "wheel": {
+    }
+    # [target.wheel] and every [target.wheel_<arch>]: the new release's file for each platform
+    # (`--wheel` stands for [target.wheel] only; the others are downloaded).
+    for wheel_pin in pins.wheels(target):
+        new_wheel_pin = replace(
+            wheel_pin,
+            requirement=wheel_pin.requirement.replace(old, new),
+            filename=wheel_pin.filename.replace(old, new),
+            sha256="",
+        )
+        _, wheel_digest = fetch_release(
+            new_wheel_pin,
+            cache_dir(root) / "rebase",
+            source=wheel if wheel_pin.platform is None else None,
+            pip=pip,
+            log=log,
+        )
+        updates[wheel_pin.table] = {
             "requirement": new_wheel_pin.requirement,
             "filename": new_wheel_pin.filename,
             "sha256": wheel_digest,
-        },
-    }
+        }
     env = {key: new for key, value in sdist_pin.env if value == old}
     if env:
         updates["sdist.env"] = env

@@ -36,7 +36,7 @@ from typing import BinaryIO
 from .errors import NativeSourceError, WheelError
 from .hashing import sha256_file
 from .model import FileOp, Patch
-from .pins import Pin
+from .pins import Pin, wheel_arch
 from .record import RecordEntry, check_member, index, parse_record, write_record
 from .tempfiles import locked_temp, remove_stale
 
@@ -47,7 +47,15 @@ PACKAGE_DIRS: dict[str, str] = {"vllm": "vllm/", "b12x": "b12x/"}
 """Per target: the import package the wheel carries (files outside it are not carried)."""
 
 RECEIPTS: dict[str, str] = {"vllm": "receipt.json", "b12x": "receipt-b12x.json"}
-"""Per target: the receipt's file name in the output directory."""
+"""Per target: the receipt's file name in the output directory (of its ``[target.wheel]``)."""
+
+
+def receipt_name(target: str, platform: str | None = None) -> str:
+    """The receipt's file name for ``target``'s wheel pin of ``platform`` (a
+    ``[target.wheel_<platform>]`` table): ``receipt-aarch64.json``; None: ``RECEIPTS[target]``."""
+    name = RECEIPTS[target]
+    return f"{name.removesuffix('.json')}-{platform}.json" if platform else name
+
 
 LABEL = "dcp"
 DIGEST_CHARS = 12
@@ -604,14 +612,17 @@ def wheel_from_series(
     out_dir: Path | None = None,
     offline: bool = False,
     log: Callable[[str], None] = lambda _msg: None,
+    arch: str | None = None,
 ) -> tuple[BuiltWheel, Path]:
     """``patchset wheel``: apply ``target``'s series to ``tree``, verify, build, write the receipt.
 
     ``tree`` defaults to ``build/<target>`` (unpacked from the pinned sdist when absent),
-    ``out_dir`` to ``dist``; the receipt is ``RECEIPTS[target]`` there. Native-source patches
-    are refused before anything is applied. Older overlay wheels of the same distribution in
-    ``out_dir`` are removed once the new one is verified. Returns the wheel and the receipt
-    path.
+    ``out_dir`` to ``dist``; ``arch`` picks the base wheel (:meth:`Pins.wheel`: None is
+    ``[target.wheel]``, ``aarch64`` is ``[target.wheel_aarch64]``; a pure-Python wheel serves
+    every ``arch``). The receipt is :func:`receipt_name` there. Native-source patches are
+    refused before anything is applied. Older overlay wheels of the same distribution and
+    platform in ``out_dir`` are removed once the new one is verified (those of other platforms
+    stay). Returns the wheel and the receipt path.
     """
     from .apply import apply_series
     from .errors import NothingToDo, PatchsetError, TreeStateError
@@ -628,7 +639,7 @@ def wheel_from_series(
     if target not in PACKAGE_DIRS:
         raise WheelError(f"no overlay wheel for target {target!r}: one of {sorted(PACKAGE_DIRS)}")
     pins = load_pins(root / "pins.toml")
-    sdist_pin, wheel_pin = pins.get(target, "sdist"), pins.get(target, "wheel")
+    sdist_pin, wheel_pin = pins.get(target, "sdist"), pins.wheel(target, arch)
     patches = for_target(load_series(root), target)
     refuse_native(patches)
     lock = load_lock(root)
@@ -685,7 +696,7 @@ def wheel_from_series(
         patches=patches,
         series_digest=series_digest(patches),
     )
-    receipt_path = out_dir / RECEIPTS[target]
+    receipt_path = out_dir / receipt_name(target, wheel_pin.platform)
     try:
         kept = read_receipt(receipt_path)["wheel"]["filename"] if receipt_path.is_file() else None
     except (PatchsetError, OSError, ValueError, KeyError, TypeError):
@@ -699,7 +710,7 @@ def wheel_from_series(
         raise
     dist = built.path.name.split("-", 1)[0]
     for stale in sorted(out_dir.glob(f"{dist}-*+*{LABEL}.*.whl")):
-        if stale != built.path:
+        if stale != built.path and wheel_arch(stale.name) == wheel_arch(built.path.name):
             log(f"removing the older overlay wheel {stale.name}")
             stale.unlink()
     return built, receipt_path
@@ -716,6 +727,7 @@ __all__ = [
     "native_reason",
     "plan_overlay",
     "prove_base",
+    "receipt_name",
     "refuse_native",
     "series_digest",
     "verify_wheel",
