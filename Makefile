@@ -1,10 +1,10 @@
 # dcp-series: every target runs the tool from the repository venv .venv (`make setup`).
 #
-#   make wheel                 fetch the pins, apply + verify the series on build/vllm,
-#                              build dist/vllm-0.34.0+dcp.<digest>-...x86_64.whl, dist/receipt.json
-#   make wheel PLATFORM=aarch64   the same from vLLM's aarch64 wheel (DGX Spark, GB10):
-#                              dist/vllm-0.34.0+dcp.<digest>-...-manylinux_2_28_aarch64.whl,
-#                              dist/receipt-aarch64.json (beside the x86_64 one)
+#   make wheel                 fetch the pins, apply + verify the series on build/vllm, build
+#                              both overlay wheels: dist/vllm-0.34.0+dcp.<digest>-...x86_64.whl
+#                              (dist/receipt.json) and ...-manylinux_2_28_aarch64.whl for DGX
+#                              Spark, GB10 (dist/receipt-aarch64.json); PLATFORM=x86_64 or
+#                              PLATFORM=aarch64 builds that one only
 #   make test                  lock check, a fresh test venv with the overlay wheel (pip), then
 #                              two suites at a time: tool tests, proofs, vLLM-tree tests,
 #                              upstream tests, the evidence lab's CPU tests; each one timed
@@ -53,11 +53,13 @@ apply: fetch
 verify: setup
 	$(PATCHSET) verify --tree $(VLLM)
 
-# PLATFORM=aarch64: overlay vLLM's manylinux_2_28_aarch64 wheel (DGX Spark) instead of the
-# x86_64 one; the two overlay wheels (and their receipts) live side by side in dist/.
+# Both overlay wheels by default (x86_64 first: the test venv installs it), side by side in
+# dist/ with their receipts; PLATFORM=x86_64 or PLATFORM=aarch64 builds that one only.
 PLATFORM ?=
+WHEEL_PLATFORMS = $(if $(PLATFORM),$(PLATFORM),x86_64 aarch64)
 wheel: apply verify
-	$(PATCHSET) wheel --tree $(VLLM) $(if $(PLATFORM),--platform $(PLATFORM))
+	for arch in $(WHEEL_PLATFORMS); do \
+	  $(PATCHSET) wheel --tree $(VLLM) --platform $$arch || exit 1; done
 
 lock-check: setup
 	$(PATCHSET) lock --check
