@@ -72,6 +72,20 @@ def test_load_touched_keeps_the_first_add_and_only_the_target(tmp_path: Path) ->
     assert t.digest() != ut.Touched({"vllm/other.py": "add"}, PINS, "x").digest()
 
 
+def test_another_platforms_wheel_pin_does_not_stale_the_baseline(
+    tree: Path, tmp_path: Path
+) -> None:
+    """The stock baseline runs on the sdist and ``[vllm.wheel]``: pinning an aarch64 wheel
+    beside them leaves it valid (a changed x86_64 wheel pin still refuses it, see below)."""
+    touched = ut.load_touched(lock(tmp_path, {"vllm/envs.py": "modify"}))
+    sel = ut.select(touched, tree)
+    path = baseline_for(touched, sel, tmp_path / "b.json")
+    more = {**PINS, "vllm.wheel_aarch64": "e" * 64}
+    touched = ut.load_touched(lock(tmp_path, {"vllm/envs.py": "modify"}, more))
+    assert "vllm.wheel_aarch64" not in touched.pins
+    assert ut.load_baseline(path, touched, sel, ut.TEST_TIMEOUT_S)["base"]["version"] == "9.9.9"
+
+
 def test_imported_names_resolve_relative_and_nested_imports() -> None:
     """Relative imports resolve against the file's package; imports inside functions count."""
     src = "import a.b\nfrom .utils import u\nfrom ..pkg import m\ndef f():\n    from c import d\n"

@@ -103,6 +103,7 @@ def load_touched(lock_path: Path, target: str = "vllm") -> Touched:
     """The touched paths of ``target`` in a ``series.lock`` (or lock-like JSON), with the pins.
 
     A path's op is its last patch's op, except that a path the series first adds stays ``add``.
+    The pins are the ones the stock baseline runs on: ``target``'s sdist and ``[target.wheel]``.
     """
     data = json.loads(lock_path.read_text())
     ops: dict[str, str] = {}
@@ -113,7 +114,10 @@ def load_touched(lock_path: Path, target: str = "vllm") -> Touched:
         for f in patch.get("files", []):
             first = ops.get(f["path"])
             ops[f["path"]] = "add" if first == "add" else f.get("op", "modify")
-    pins = {k: v for k, v in data.get("pins", {}).items() if k.startswith(f"{target}.")}
+    # the pins the stock baseline runs on: the source and the wheel its stock venv installs
+    # (``[target.wheel]``); another platform's wheel pin (``wheel_aarch64``) never runs here
+    used = (f"{target}.sdist", f"{target}.wheel")
+    pins = {k: v for k, v in data.get("pins", {}).items() if k in used}
     return Touched(ops, pins, str(lock_path))
 
 
