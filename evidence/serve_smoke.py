@@ -250,6 +250,28 @@ def phase_offline(work: Path, ckpt: Path) -> dict[str, Any]:
     return ref
 
 
+def ask(client: Any, item: str | list[dict[str, str]], *, stream: bool) -> dict[str, Any]:
+    """One greedy request through the ``openai`` client: a completion for a prompt, a chat for
+    a conversation. A streamed answer is its deltas joined; a plain one also carries the token
+    ids the server returns (vLLM's ``return_token_ids``), None where it returns none."""
+    chat = not isinstance(item, str)
+    api = client.chat.completions if chat else client.completions
+    kw: dict[str, Any] = {"model": SERVED_NAME, "max_tokens": MAX_TOKENS, "temperature": 0.0}
+    kw["messages" if chat else "prompt"] = item
+    if stream:
+        pieces = [
+            (c.choices[0].delta.content if chat else c.choices[0].text) or ""
+            for c in api.create(stream=True, **kw)
+            if c.choices
+        ]
+        return {"text": "".join(pieces)}
+    choice = api.create(extra_body={"return_token_ids": True}, **kw).choices[0]
+    return {
+        "text": choice.message.content if chat else choice.text,
+        "token_ids": getattr(choice, "token_ids", None),
+    }
+
+
 def _get(url: str, timeout: float = 5.0) -> str:
     with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (local server)
         return r.read().decode()
@@ -282,59 +304,10 @@ def phase_serve(work: Path, ckpt: Path, ref: dict[str, Any], port: int, budget_s
         res["kv_pool_tokens"] = kv_pool_tokens(log_path.read_text(errors="replace"))
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
         answers: dict[str, list[dict[str, Any]]] = {}
-        extra = {"return_token_ids": True}
         for stream in (False, True):
             kind = "stream" if stream else "plain"
-            done = answers.setdefault(f"completions/{kind}", [])
-            for p in prompts():
-                if stream:
-                    text = "".join(
-                        c.choices[0].text
-                        for c in client.completions.create(
-                            model=SERVED_NAME,
-                            prompt=p,
-                            max_tokens=MAX_TOKENS,
-                            temperature=0.0,
-                            stream=True,
-                        )
-                        if c.choices
-                    )
-                    done.append({"text": text})
-                else:
-                    r = client.completions.create(
-                        model=SERVED_NAME,
-                        prompt=p,
-                        max_tokens=MAX_TOKENS,
-                        temperature=0.0,
-                        extra_body=extra,
-                    )
-                    ids = getattr(r.choices[0], "token_ids", None)
-                    done.append({"text": r.choices[0].text, "token_ids": ids})
-            done = answers.setdefault(f"chat/{kind}", [])
-            for conv in chats():
-                if stream:
-                    text = "".join(
-                        c.choices[0].delta.content or ""
-                        for c in client.chat.completions.create(
-                            model=SERVED_NAME,
-                            messages=conv,  # type: ignore[arg-type]
-                            max_tokens=MAX_TOKENS,
-                            temperature=0.0,
-                            stream=True,
-                        )
-                        if c.choices
-                    )
-                    done.append({"text": text})
-                else:
-                    r = client.chat.completions.create(
-                        model=SERVED_NAME,
-                        messages=conv,  # type: ignore[arg-type]
-                        max_tokens=MAX_TOKENS,
-                        temperature=0.0,
-                        extra_body=extra,
-                    )
-                    ids = getattr(r.choices[0], "token_ids", None)
-                    done.append({"text": r.choices[0].message.content, "token_ids": ids})
+            answers[f"completions/{kind}"] = [ask(client, p, stream=stream) for p in prompts()]
+            answers[f"chat/{kind}"] = [ask(client, c, stream=stream) for c in chats()]
         for key, got in answers.items():
             refs = ref["chats"] if key.startswith("chat") else ref["completions"]
             for i, (want, have) in enumerate(zip(refs, got, strict=True)):

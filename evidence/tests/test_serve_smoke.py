@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -98,6 +100,53 @@ def test_a_server_answer_that_differs_from_the_offline_one_is_a_problem() -> Non
     assert smoke.compare(ref, {"text": "w31999 w5"}, "b") != []
     assert smoke.compare(ref, {"text": "w31999 w31999", "token_ids": [31999, 5]}, "c") != []
     assert smoke.compare(ref, {}, "d") != []
+
+
+class _Api:
+    """A stand-in of one openai client endpoint: records each call, answers from ``reply``."""
+
+    def __init__(self, reply: Any) -> None:
+        self.reply, self.calls = reply, []
+
+    def create(self, **kw: Any) -> Any:
+        self.calls.append(kw)
+        return self.reply(kw)
+
+
+def _ns(**kw: Any) -> SimpleNamespace:
+    return SimpleNamespace(**kw)
+
+
+def test_ask_joins_streamed_deltas_and_reads_the_plain_answers_token_ids() -> None:
+    """Completions and chats, plain and streamed: the request is greedy with the smoke's
+    limits, a streamed answer is its deltas joined (chunks without a choice skipped), a plain
+    one carries the server's token ids, or None where the server returns none."""
+
+    def completion(kw: dict[str, Any]) -> Any:
+        if kw.get("stream"):
+            return iter(
+                [_ns(choices=[_ns(text="w1")]), _ns(choices=[]), _ns(choices=[_ns(text=" w2")])]
+            )
+        return _ns(choices=[_ns(text="w1 w2", token_ids=[1001, 1002])])
+
+    def chat(kw: dict[str, Any]) -> Any:
+        if kw.get("stream"):
+            deltas = [_ns(delta=_ns(content=c)) for c in ("w3", None, " w4")]
+            return iter([_ns(choices=[d]) for d in deltas])
+        return _ns(choices=[_ns(message=_ns(content="w3 w4"))])
+
+    client = _ns(completions=_Api(completion), chat=_ns(completions=_Api(chat)))
+    conv = [{"role": "user", "content": "w5"}]
+    assert smoke.ask(client, "w0", stream=True) == {"text": "w1 w2"}
+    assert smoke.ask(client, "w0", stream=False) == {"text": "w1 w2", "token_ids": [1001, 1002]}
+    assert smoke.ask(client, conv, stream=True) == {"text": "w3 w4"}
+    assert smoke.ask(client, conv, stream=False) == {"text": "w3 w4", "token_ids": None}
+    plain = client.completions.calls[1]
+    assert plain["prompt"] == "w0" and plain["temperature"] == 0.0
+    assert plain["max_tokens"] == smoke.MAX_TOKENS and plain["model"] == smoke.SERVED_NAME
+    assert plain["extra_body"] == {"return_token_ids": True}
+    assert client.chat.completions.calls[0]["messages"] == conv
+    assert client.chat.completions.calls[0]["stream"] is True
 
 
 @needs_venv
