@@ -41,6 +41,9 @@ import time
 import traceback
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+from patchset.safetar import extract  # noqa: E402
+
 SDIST_SHA256 = "dfda8b15c3dd45cd1e54bbec1b4b02530aba73a777dc35aa9bc36fe5f918f109"
 TOP_DIR = "b12x-1.5.1"
 OPERATIONS = ("reduce_scatter_fp8", "all_gather_fp8")
@@ -65,20 +68,9 @@ def _sha256(path: Path) -> str:
 
 def _tree(sdist: Path, patches: list[Path], dest: Path) -> Path:
     with tarfile.open(sdist) as tf:
-        members = tf.getmembers()
-        # regular files and directories under relative paths only, on every Python: the
-        # `data` filter (PEP 706) is missing before 3.11.4, e.g. on Debian 12's 3.11.2
-        unsafe = [
-            m.name
-            for m in members
-            if not (m.isreg() or m.isdir()) or m.name.startswith("/") or ".." in m.name.split("/")
-        ]
-        if unsafe:
-            raise RuntimeError(f"{sdist}: refusing to extract unsafe members {unsafe[:5]}")
-        if hasattr(tarfile, "data_filter"):
-            tf.extractall(dest, members=members, filter="data")
-        else:
-            tf.extractall(dest, members=members)
+        # checked and extracted as `patchset fetch` does, on every Python (safetar: the `data`
+        # filter of PEP 706 is missing before 3.11.4, e.g. on Debian 12's 3.11.2)
+        extract(tf, tf.getmembers(), dest)
     root = dest / TOP_DIR
     for patch in patches:
         # git apply outside a repository is a plain patch; `patch` where git is absent
