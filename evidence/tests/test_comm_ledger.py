@@ -6,9 +6,6 @@ without it), that the patched vLLM's MLADCPManager still has what it wraps."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,7 +19,8 @@ sys.path.insert(0, str(EVIDENCE))
 
 from gate import comm_ledger, plan, worker  # noqa: E402
 
-VENV = Path(os.environ.get("PATCHSET_TEST_VENV", REPO / "build" / "testenv"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+from venv_probe import needs_venv, run_probe  # noqa: E402
 
 
 class FakeEvent:
@@ -250,16 +248,9 @@ print(json.dumps({
 """
 
 
-@pytest.mark.skipif(not (VENV / "bin" / "python").exists(), reason=f"no test venv at {VENV}")
+@needs_venv
 def test_the_patched_vllm_has_what_the_ledger_wraps() -> None:
-    out = subprocess.run(
-        [str(VENV / "bin" / "python"), "-c", PROBE],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = run_probe(PROBE, timeout=300)
     assert len(got["assigned"]) == 5 and got["kv_gather"]
     assert isinstance(got["v_up_rows"], int) and got["v_up_rows"] > 0
     assert got["params"][:4] == ["num_rows", "num_local_heads", "dcp_size", "comm_backend"]

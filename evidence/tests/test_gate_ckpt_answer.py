@@ -5,15 +5,13 @@ through the fp32 reference forward (gate_refmodel.py) in the test venv, which ha
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-VENV = Path(os.environ.get("PATCHSET_TEST_VENV", REPO / "build" / "testenv"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+from venv_probe import needs_venv, run_probe  # noqa: E402
 
 ANSWER_PROBE = r"""
 import json, random, sys
@@ -84,22 +82,7 @@ print(json.dumps(out))
 """
 
 
-def run_probe(probe: str, timeout: int) -> dict:
-    """Run a probe in the test venv from evidence/ and return the JSON of its last line."""
-    proc = subprocess.run(
-        [str(VENV / "bin" / "python"), "-c", probe],
-        cwd=REPO / "evidence",
-        env={**os.environ, "PYTHONPATH": str(REPO / "evidence")},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-@pytest.mark.skipif(not (VENV / "bin" / "python").exists(), reason=f"no test venv at {VENV}")
+@needs_venv
 def test_answer_knob_makes_the_retrieved_needle_raise_one_logit() -> None:
     """With answer_logit=7 only the answer's LM-head row changes, and on an unseen prompt the
     needle lifts that logit by several units to the top while the largest logit stays below
@@ -113,7 +96,7 @@ def test_answer_knob_makes_the_retrieved_needle_raise_one_logit() -> None:
     assert on["top_with"] == 31999 and on["max_logit"] < 8.0
 
 
-@pytest.mark.skipif(not (VENV / "bin" / "python").exists(), reason=f"no test venv at {VENV}")
+@needs_venv
 def test_mtp_answer_knob_drafts_the_answer_only_through_the_retrieved_needle() -> None:
     """With mtp_answer_logit=14 only MTP-layer tensors change (the target is glmn's, bit for
     bit); on an unseen prompt followed by the target's answers the MTP layer drafts the answer

@@ -8,45 +8,24 @@ The tokenizer and parser checks run in the test venv (``$PATCHSET_TEST_VENV`` or
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
-VENV = Path(os.environ.get("PATCHSET_TEST_VENV", REPO / "build" / "testenv"))
 sys.path.insert(0, str(REPO / "evidence"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 import serve_smoke as smoke  # noqa: E402
+from venv_probe import needs_venv, run_probe  # noqa: E402
 
-needs_venv = pytest.mark.skipif(
-    not (VENV / "bin" / "python").exists(), reason=f"no test venv at {VENV}"
-)
+# the probes build a tokenizer and an engine configuration: offline, on CPU
+OFFLINE_CPU = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
 def run_in_venv(code: str, tmp_path: Path) -> dict:
-    proc = subprocess.run(
-        [str(VENV / "bin" / "python"), "-c", code],
-        cwd=tmp_path,
-        env={
-            **os.environ,
-            "PYTHONPATH": str(REPO / "evidence"),
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "CUDA_VISIBLE_DEVICES": "",
-        },
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_probe(code, timeout=600, cwd=tmp_path, env=OFFLINE_CPU)
 
 
 def test_every_token_id_has_its_own_word_and_the_needle_sits_at_its_id() -> None:
@@ -193,7 +172,7 @@ cfg = mk.make_config("glm", 4)
 (ckpt / "config.json").write_text(json.dumps(cfg))
 s.write_tokenizer(ckpt, cfg["vocab_size"])
 argv = s.serve_argv(ckpt, 8011)
-assert argv[3] == "serve", argv
+assert argv[:4] == [*s.VLLM_CLI, "serve"], argv
 args = make_arg_parser(FlexibleArgumentParser(prog="vllm serve")).parse_args(argv[4:])
 args.model = args.model_tag
 ea = AsyncEngineArgs.from_cli_args(args)
