@@ -66,6 +66,15 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
     "{% if add_generation_prompt %}assistant :{% endif %}"
 )
+VLLM_CLI = [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+"""The ``vllm`` command (vLLM's CLI entry point) of the Python running this script."""
+
+
+def as_typed(argv: list[str]) -> str:
+    """A ``VLLM_CLI`` command line as a user types it (``vllm serve ...``)."""
+    return shlex.join(["vllm", *argv[len(VLLM_CLI) :]])
+
+
 KV_POOL_RE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 
 
@@ -151,9 +160,7 @@ def serve_argv(model: Path, port: int) -> list[str]:
     """``vllm serve`` with :func:`engine_settings` (the CLI's spelling of each one)."""
     s = engine_settings()
     return [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.cli.main",
+        *VLLM_CLI,
         "serve",
         str(model),
         "--served-model-name",
@@ -282,7 +289,7 @@ def phase_serve(work: Path, ckpt: Path, ref: dict[str, Any], port: int, budget_s
 
     log_path = work / "server.log"
     argv = serve_argv(ckpt, port)
-    res: dict[str, Any] = {"serve_command": shlex.join(["vllm", *argv[3:]]), "problems": []}
+    res: dict[str, Any] = {"serve_command": as_typed(argv), "problems": []}
     t0 = time.time()
     with log_path.open("w") as log:
         server = subprocess.Popen(
@@ -339,9 +346,7 @@ BENCH = {"num_prompts": 32, "input_len": 1024, "output_len": 128, "max_concurren
 def bench_serve(work: Path, ckpt: Path, port: int) -> dict[str, Any]:
     """``vllm bench serve`` on the random dataset against the running server."""
     argv = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.cli.main",
+        *VLLM_CLI,
         "bench",
         "serve",
         "--backend",
@@ -373,7 +378,7 @@ def bench_serve(work: Path, ckpt: Path, port: int) -> dict[str, Any]:
     ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     (work / "bench.log").write_text(proc.stdout + proc.stderr)
-    out: dict[str, Any] = {"command": shlex.join(["vllm", *argv[3:]]), "rc": proc.returncode}
+    out: dict[str, Any] = {"command": as_typed(argv), "rc": proc.returncode}
     if proc.returncode == 0 and (work / "bench.json").is_file():
         data = json.loads((work / "bench.json").read_text())
         keep = (

@@ -6,7 +6,7 @@ checkpoint on every machine of docs/serving.md, computed from the checkpoints' `
     python tools/serving_plan.py            # exit 1 (with a diff) when docs/memory.md is stale
     python tools/serving_plan.py --write    # rewrite docs/memory.md
 
-Standard library only: ``tests/test_serving_plan.py`` imports it to regenerate and compare, and
+Standard library only: ``tests/test_serving_recipes.py`` imports it to regenerate and compare, and
 to check every recipe's ``--max-model-len`` against :func:`kv_tokens_per_request`.
 
 The model, and where each number comes from (vLLM 0.34.0, read in its source):
