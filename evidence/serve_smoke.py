@@ -67,12 +67,15 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}assistant :{% endif %}"
 )
 VLLM_CLI = [sys.executable, "-m", "vllm.entrypoints.cli.main"]
-"""The ``vllm`` command (vLLM's CLI entry point) of the Python running this script."""
+"""The ``vllm`` command (vLLM's CLI entry point) of the Python running this script; ``--vllm``
+names another (the ``vllm`` script a pip-installed wheel put on the path)."""
 
 
-def as_typed(argv: list[str]) -> str:
-    """A ``VLLM_CLI`` command line as a user types it (``vllm serve ...``)."""
-    return shlex.join(["vllm", *argv[len(VLLM_CLI) :]])
+def as_typed(argv: list[str], cli: list[str] = VLLM_CLI) -> str:
+    """A command line of the ``vllm`` command ``cli`` as a user types it (``vllm serve ...``)."""
+    if argv[: len(cli)] != cli:
+        raise ValueError(f"{argv[:3]} does not start with the vllm command {cli}")
+    return shlex.join(["vllm", *argv[len(cli) :]])
 
 
 KV_POOL_RE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
@@ -156,11 +159,11 @@ def engine_settings() -> dict[str, Any]:
     }
 
 
-def serve_argv(model: Path, port: int) -> list[str]:
+def serve_argv(model: Path, port: int, cli: list[str] = VLLM_CLI) -> list[str]:
     """``vllm serve`` with :func:`engine_settings` (the CLI's spelling of each one)."""
     s = engine_settings()
     return [
-        *VLLM_CLI,
+        *cli,
         "serve",
         str(model),
         "--served-model-name",
@@ -284,12 +287,19 @@ def _get(url: str, timeout: float = 5.0) -> str:
         return r.read().decode()
 
 
-def phase_serve(work: Path, ckpt: Path, ref: dict[str, Any], port: int, budget_s: float) -> dict:
+def phase_serve(
+    work: Path,
+    ckpt: Path,
+    ref: dict[str, Any],
+    port: int,
+    budget_s: float,
+    cli: list[str] = VLLM_CLI,
+) -> dict:
     import openai
 
     log_path = work / "server.log"
-    argv = serve_argv(ckpt, port)
-    res: dict[str, Any] = {"serve_command": as_typed(argv), "problems": []}
+    argv = serve_argv(ckpt, port, cli)
+    res: dict[str, Any] = {"serve_command": as_typed(argv, cli), "problems": []}
     t0 = time.time()
     with log_path.open("w") as log:
         server = subprocess.Popen(
@@ -323,7 +333,7 @@ def phase_serve(work: Path, ckpt: Path, ref: dict[str, Any], port: int, budget_s
         res["spec_metrics_after_client"] = metric_values(
             _get(f"http://127.0.0.1:{port}/metrics"), SPEC_METRICS
         )
-        res["bench"] = bench_serve(work, ckpt, port)
+        res["bench"] = bench_serve(work, ckpt, port, cli)
         res["spec_metrics_after_bench"] = metric_values(
             _get(f"http://127.0.0.1:{port}/metrics"), SPEC_METRICS
         )
@@ -343,10 +353,10 @@ def phase_serve(work: Path, ckpt: Path, ref: dict[str, Any], port: int, budget_s
 BENCH = {"num_prompts": 32, "input_len": 1024, "output_len": 128, "max_concurrency": 8}
 
 
-def bench_serve(work: Path, ckpt: Path, port: int) -> dict[str, Any]:
+def bench_serve(work: Path, ckpt: Path, port: int, cli: list[str] = VLLM_CLI) -> dict[str, Any]:
     """``vllm bench serve`` on the random dataset against the running server."""
     argv = [
-        *VLLM_CLI,
+        *cli,
         "bench",
         "serve",
         "--backend",
@@ -378,7 +388,7 @@ def bench_serve(work: Path, ckpt: Path, port: int) -> dict[str, Any]:
     ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     (work / "bench.log").write_text(proc.stdout + proc.stderr)
-    out: dict[str, Any] = {"command": as_typed(argv), "rc": proc.returncode}
+    out: dict[str, Any] = {"command": as_typed(argv, cli), "rc": proc.returncode}
     if proc.returncode == 0 and (work / "bench.json").is_file():
         data = json.loads((work / "bench.json").read_text())
         keep = (
@@ -422,7 +432,8 @@ def run_all(args: argparse.Namespace) -> int:
         )
     ref = json.loads((work / "offline.json").read_text())
     left = args.deadline_s - (time.time() - t0)
-    res = phase_serve(work, ckpt, ref, args.port, budget_s=max(60.0, left - 150))
+    cli = shlex.split(args.vllm) if args.vllm else VLLM_CLI
+    res = phase_serve(work, ckpt, ref, args.port, budget_s=max(60.0, left - 150), cli=cli)
     bench = res.get("bench", {})
     ok = not res["problems"] and bench.get("completed") == BENCH["num_prompts"]
     import vllm
@@ -435,6 +446,14 @@ def run_all(args: argparse.Namespace) -> int:
         "overlay_manifest_sha256": (
             hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.is_file() else None
         ),
+        # how the patched vLLM got there (gpu_lease.sh serve writes it): the overlay wheels
+        # pip-installed, their sha256 and the patched files checked against the overlay
+        "install": (
+            json.loads(args.install_record.read_text())
+            if args.install_record and args.install_record.is_file()
+            else None
+        ),
+        "vllm_command": cli,
         "what": "vllm serve of the patched vLLM answering the openai client (one GPU: TP 1, "
         "DCP 1; the DCP ranks are not exercised)",
         "ok": ok,
@@ -465,6 +484,15 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=Path(".gpu-overlay/MANIFEST"),
         help="the patched files' manifest (overlay-build.sh), recorded by its sha256",
+    )
+    ap.add_argument(
+        "--vllm",
+        help="the vllm command to run (default: this Python's vllm.entrypoints.cli.main)",
+    )
+    ap.add_argument(
+        "--install-record",
+        type=Path,
+        help="a JSON file saying how vLLM was installed, copied into the record",
     )
     return run_all(ap.parse_args(argv))
 

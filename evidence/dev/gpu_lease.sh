@@ -30,7 +30,9 @@
 # A lease that a released machine cut short: GATE_REUSE=<the previous lease's archive>
 # GATE_ONLY=<the runs left> ... first; `wait` at once (an idle machine is released quickly).
 # `serve`: the serving smoke alone (evidence/serve_smoke.py; see there); `land` puts its record
-# into results/serve-smoke-0.34.0.json.
+# into results/serve-smoke-0.34.0.json. Staged with STAGE_WHEELS=1 (below), the machine gets
+# the overlay wheels of dist/ in place of the official tree and `serve` pip-installs them, as
+# the README installs them.
 # `tests`: install and the tree tests alone (no bench, no gate), in the foreground, for
 # CALL_S less 40 s (or TREE_STAGE_S); carries what `first` carries.
 # A call carries at most 64 MiB: this tree plus one staging part. ../shared/gpu's
@@ -55,7 +57,19 @@ if [ "${1:-}" = stage ]; then
   # folders ordered largest first, so that the last call, which also carries .gpu-overlay and
   # .gpu-tests, gets the smallest; the overlay and the test bundle rebuilt from build/vllm;
   # then the size check of every call. Prints the calls to make.
+  # STAGE_WHEELS=1: the vLLM part of the staging carries the overlay wheels `make wheel` wrote
+  # (dist/: the x86_64 vLLM one, the b12x one, their receipts) instead of the official tree
+  # (for `serve`, which pip-installs them); the dependency parts are the same. .gpu-parts/STAGED
+  # says which of the two the parts hold; asking for the other re-stages.
   CALL_MIB=${CALL_MIB:-64}; PY=${PY:-.venv/bin/python}
+  mode=tree; [ -n "${STAGE_WHEELS:-}" ] && mode=wheels
+  if [ "$mode" = wheels ]; then
+    wheels=$(cd dist && ls vllm-*+dcp.*-manylinux_2_28_x86_64.whl receipt.json \
+      $(ls b12x-*+dcp.*.whl receipt-b12x.json 2>/dev/null)) \
+      || { echo "no x86_64 overlay wheel in dist/: run make wheel"; exit 2; }
+  fi
+  [ -d .gpu-parts ] && [ "$(cat .gpu-parts/STAGED 2>/dev/null || echo tree)" != "$mode" ] \
+    && { echo "the parts hold another staging: re-staging ($mode)"; rm -rf .gpu-parts .gpu/parts.sha256; }
   [ -d build/vllm ] && [ -d build/base/vllm ] || { echo "build/vllm missing: run make wheel"; exit 2; }
   [ -d .gpu ] || cp -r "${SHARED_GPU:-../shared/gpu}" .gpu || exit 1
   kib() { du -sk "$@" | awk '{s += $1} END {print s}'; }
@@ -70,13 +84,14 @@ if [ "${1:-}" = stage ]; then
   export VLLM_VERSION=${VLLM_VERSION:-$pinned} FLASHINFER_PIN=${FLASHINFER_PIN:-0.7.4}
   [ -f .gpu-parts/SHA256SUMS ] || bash .gpu/stage-build.sh || { echo "stage-build failed"; exit 1; }
   over=$(find .gpu-parts -name 'chunk.*' -size +$((PART_MIB * 1024))k | head -1)
-  if [ -n "$over" ]; then
+  if [ -n "$over" ] || { [ "$mode" = wheels ] && [ ! -f .gpu-parts/STAGED ]; }; then
     W=$(mktemp -d)
     # joined in the chunks' name order, whatever folder holds each (the folders are ordered
     # by size, not by name: a plain glob would join them out of order)
     joined() { ls .gpu-parts/*/chunk."$1"* | awk -F/ '{print $NF, $0}' | sort | cut -d' ' -f2 \
       | xargs cat; }
-    joined v > "$W/vllm.tar.gz" && joined d > "$W/deps.tar" \
+    if [ "$mode" = wheels ]; then tar czf "$W/vllm.tar.gz" -C dist $wheels; else joined v > "$W/vllm.tar.gz"; fi \
+      && joined d > "$W/deps.tar" \
       && (cd "$W" && split -b "${PART_MIB}m" -d -a 2 vllm.tar.gz chunk.v \
         && split -b "${PART_MIB}m" -d -a 2 deps.tar chunk.d && rm vllm.tar.gz deps.tar) \
       || { echo "re-cut failed; .gpu-parts left as it was"; rm -rf "$W"; exit 1; }
@@ -86,6 +101,7 @@ if [ "${1:-}" = stage ]; then
       d=$(printf .gpu-parts/%02d $i); mkdir -p "$d"; mv "$c" "$d/"; i=$((i + 1)); done
     rm -rf "$W"
     (cd .gpu-parts && sha256sum */chunk.* > SHA256SUMS) && cp .gpu-parts/SHA256SUMS .gpu/parts.sha256
+    [ "$mode" = wheels ] && echo wheels > .gpu-parts/STAGED
   fi
   rm -rf .gpu-overlay .gpu-tests
   bash .gpu/overlay-build.sh build/vllm build/base/vllm > /dev/null \
@@ -308,15 +324,54 @@ case "${1:?first|wait|tests|serve}" in
     # what `first` carries (.gpu, the last part if not yet received, .gpu-overlay). A second
     # `serve` call on the same warm machine resumes: the checkpoint and the offline reference
     # stay under $R/serve. Brings back serve-smoke.json and serve-logs.tgz.
+    # Staged with STAGE_WHEELS=1, the official tree's place holds the overlay wheels: they are
+    # pip-installed (--no-deps: the machine has no package index; the requirements are the
+    # staged ones) into $R/wheel-site, the patched files there are checked against the
+    # overlay's MANIFEST, and the server is the `vllm` script pip wrote.
     install_carried
-    VARIANT=patched source .gpu/device-env.sh
     mkdir -p "$R/serve"
+    staged=${GPU_ROOT:-$HOME}/gpu-vllm
+    if ls "$staged"/vllm-*+dcp.*.whl > /dev/null 2>&1; then
+      site=$R/wheel-site
+      whls=$(ls "$staged"/vllm-*+dcp.*.whl "$staged"/b12x-*+dcp.*.whl 2>/dev/null)
+      if [ ! -f "$site/.installed" ]; then
+        rm -rf "$site"
+        python3 -m pip install --no-index --no-deps --no-compile --target "$site" $whls \
+          > "$RES/pip-install.log" 2>&1 || { echo "pip install failed"; tail "$RES/pip-install.log"; exit 1; }
+        touch "$site/.installed"
+      fi
+      (cd "$site" && sha256sum -c --quiet "$OLDPWD/.gpu-overlay/MANIFEST") \
+        || { echo "the installed wheel's patched files differ from the overlay"; exit 1; }
+      python3 - "$site" "$RES/install.json" .gpu-overlay/MANIFEST $whls <<'PY'
+import hashlib, json, subprocess, sys
+from pathlib import Path
+site, out, manifest, *whls = sys.argv[1:]
+pip = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True, text=True)
+json.dump({
+    "how": "pip install --no-index --no-deps --target SITE of the overlay wheels (the machine "
+    "has no package index: the wheels' requirements were staged from the index and installed "
+    "beside them)",
+    "pip": pip.stdout.strip(),
+    "wheels": [{"file": Path(w).name, "sha256": hashlib.sha256(Path(w).read_bytes()).hexdigest()}
+               for w in whls],
+    "patched_files_checked": len(Path(manifest).read_text().splitlines()),
+    "site": site,
+}, open(out, "w"), indent=1)
+PY
+      source .gpu/device-env.sh
+      export PYTHONPATH="$site:$PYTHONPATH" PATH="$site/bin:$PATH"
+      cli=(--vllm "$site/bin/vllm" --install-record "$RES/install.json")
+    else
+      VARIANT=patched source .gpu/device-env.sh
+      cli=()
+    fi
     python3 evidence/serve_smoke.py all --work "$R/serve" --out "$OUT/serve-smoke.json" \
-      --deadline-s $(( $(left) - 30 )) --overlay-manifest .gpu-overlay/MANIFEST \
+      --deadline-s $(( $(left) - 30 )) --overlay-manifest .gpu-overlay/MANIFEST "${cli[@]}" \
       > "$RES/serve.log" 2>&1 < /dev/null
     rc=$?
     tail -25 "$RES/serve.log"
-    tar czf "$OUT/serve-logs.tgz" -C "$R/serve" --exclude ckpt . -C "$RES" serve.log
+    tar czf "$OUT/serve-logs.tgz" -C "$R/serve" --exclude ckpt . -C "$RES" serve.log \
+      $(cd "$RES" && ls pip-install.log install.json 2>/dev/null)
     exit $rc ;;
   *) echo "unknown phase $1 (first | wait | tests | serve)"; exit 2 ;;
 esac
