@@ -359,7 +359,7 @@ json.dump({
 }, open(out, "w"), indent=1)
 PY
       source .gpu/device-env.sh
-      export PYTHONPATH="$site:$PYTHONPATH" PATH="$site/bin:$PATH"
+      export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PATH="$site/bin:$PATH"
       cli=(--vllm "$site/bin/vllm" --install-record "$RES/install.json")
     else
       VARIANT=patched source .gpu/device-env.sh

@@ -382,15 +382,9 @@ PY
 """
 
 
-@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("git") is None, reason="bash, git")
-def test_stage_recuts_parts_joined_in_chunk_order_and_sized_for_a_call(tmp_path: Path) -> None:
-    """`gpu_lease.sh stage` re-cuts parts larger than what a call leaves beside the tree,
-    joining the chunks in their names' order whatever folders hold them (the bytes device-
-    install.sh reassembles are the original ones), puts the smallest part last, writes
-    checksums that match, stages the pinned vLLM, and refuses when a call would be over its
-    limit."""
-    import hashlib
-
+def _stage_repo(tmp_path: Path) -> tuple[Path, dict[str, str], int]:
+    """A checkout `gpu_lease.sh stage` can run in, with STAGE_BUILD as stage-build.sh and
+    calls of a size that leaves parts of 2 MiB: (repo, env, tracked tree KiB)."""
     repo = tmp_path / "repo"
     shutil.copytree(REPO / "evidence", repo / "evidence")
     shutil.copy(REPO / "pins.toml", repo / "pins.toml")
@@ -409,7 +403,20 @@ def test_stage_recuts_parts_joined_in_chunk_order_and_sized_for_a_call(tmp_path:
     pystub = tmp_path / "py"
     pystub.write_text(f'#!/bin/bash\nexec python3 {bundle} "${{@:2}}"\n')
     pystub.chmod(0o755)
-    env = {**os.environ, "CALL_MIB": str(call_mib), "PY": str(pystub)}
+    return repo, {**os.environ, "CALL_MIB": str(call_mib), "PY": str(pystub)}, tree_kib
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("git") is None, reason="bash, git")
+def test_stage_recuts_parts_joined_in_chunk_order_and_sized_for_a_call(tmp_path: Path) -> None:
+    """`gpu_lease.sh stage` re-cuts parts larger than what a call leaves beside the tree,
+    joining the chunks in their names' order whatever folders hold them (the bytes device-
+    install.sh reassembles are the original ones), puts the smallest part last, writes
+    checksums that match, stages the pinned vLLM, and refuses when a call would be over its
+    limit."""
+    import hashlib
+
+    repo, env, tree_kib = _stage_repo(tmp_path)
+    gpu = repo / ".gpu"
     out = subprocess.run(
         ["bash", "evidence/dev/gpu_lease.sh", "stage"],
         cwd=repo,
@@ -486,3 +493,111 @@ def test_land_refuses_to_replace_a_noise_file_unless_it_is_named(tmp_path: Path)
     assert json.loads(landed.read_text())["lease"] == "new"
     assert json.loads(earlier.read_text())["lease"] == "earlier"
     assert (tree / "results" / "dcp-gate-g-0.34.0.json").is_file()
+
+
+def _stage(repo: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "evidence/dev/gpu_lease.sh", "stage"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("git") is None, reason="bash, git")
+def test_stage_wheels_carries_the_overlay_wheels_in_place_of_the_tree(tmp_path: Path) -> None:
+    """STAGE_WHEELS=1: the vLLM chunks, joined, are a tar.gz of dist/'s x86_64 overlay wheel,
+    the b12x overlay wheel and their receipts (what `serve` pip-installs); the dependency
+    chunks are stage-build's; staging again without it re-stages the official tree; without an
+    overlay wheel in dist/ it refuses."""
+    import io
+
+    repo, env, _ = _stage_repo(tmp_path)
+    missing = _stage(repo, {**env, "STAGE_WHEELS": "1"})
+    assert missing.returncode == 2 and "run make wheel" in missing.stdout
+    dist = repo / "dist"
+    dist.mkdir()
+    names = {
+        "vllm-0.34.0+dcp.ab12-cp38-abi3-manylinux_2_28_x86_64.whl": b"x86",
+        "vllm-0.34.0+dcp.ab12-cp38-abi3-manylinux_2_28_aarch64.whl": b"arm",
+        "b12x-1.5.1+dcp.cd34-py3-none-any.whl": b"b12x",
+        "receipt.json": b"{}",
+        "receipt-b12x.json": b"{}",
+        "receipt-aarch64.json": b"{}",
+    }
+    for name, body in names.items():
+        (dist / name).write_bytes(body)
+
+    def joined(kind: str) -> bytes:
+        chunks = sorted((repo / ".gpu-parts").glob(f"*/chunk.{kind}*"), key=lambda p: p.name)
+        return b"".join(p.read_bytes() for p in chunks)
+
+    wheels = _stage(repo, {**env, "STAGE_WHEELS": "1"})
+    assert wheels.returncode == 0, wheels.stdout + wheels.stderr
+    with tarfile.open(fileobj=io.BytesIO(joined("v")), mode="r:gz") as tar:
+        got = {m.name.removeprefix("./"): tar.extractfile(m).read() for m in tar.getmembers()}
+    assert got == {n: b for n, b in names.items() if "aarch64" not in n}
+    assert joined("d") == (repo / ".gpu-blob-d").read_bytes()
+    assert (repo / ".gpu-parts" / "STAGED").read_text().strip() == "wheels"
+
+    tree = _stage(repo, env)
+    assert tree.returncode == 0 and "re-staging (tree)" in tree.stdout
+    assert joined("v") == (repo / ".gpu-blob-v").read_bytes()
+    assert not (repo / ".gpu-parts" / "STAGED").exists()
+
+
+SERVE_PYTHON = """#!/bin/bash
+echo "python3 $*" >> "$CALLS"
+case "$*" in
+  "-m pip install"*)
+    site=$(echo "$*" | sed -n 's/.*--target \\([^ ]*\\).*/\\1/p')
+    mkdir -p "$site/vllm" "$site/bin"
+    printf 'patched\\n' > "$site/vllm/x.py"; : > "$site/bin/vllm" ;;
+  "- "*) cat > /dev/null; echo '{"how": "stub"}' > "$3" ;;
+esac
+exit 0
+"""
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_serve_pip_installs_staged_wheels_and_serves_with_their_vllm_script(
+    tmp_path: Path,
+) -> None:
+    """With overlay wheels staged in the official tree's place, `serve` pip-installs them
+    (no index, no deps, into a target), checks the installed patched files against the
+    overlay's MANIFEST, and runs the smoke with that install's `vllm` script and its install
+    record; an installed file that differs from the overlay stops the call before any serve."""
+    import hashlib
+
+    tree, env, out, calls = stub_lease_tree(tmp_path)
+    (tmp_path / "stub" / "python3").write_text(SERVE_PYTHON)
+    staged = tmp_path / "home" / "gpu-vllm"
+    staged.mkdir(parents=True)
+    for name in (
+        "vllm-0.34.0+dcp.ab12-cp38-abi3-manylinux_2_28_x86_64.whl",
+        "b12x-1+dcp.c-py3-none-any.whl",
+    ):
+        (staged / name).write_bytes(b"wheel")
+    manifest = tree / ".gpu-overlay" / "MANIFEST"
+    digest = hashlib.sha256(b"patched\n").hexdigest()
+    manifest.write_text(f"{digest}  vllm/x.py\n")
+    done = lease_call(tree, env, "serve")
+    assert done.returncode == 0, done.stdout + done.stderr
+    site = tmp_path / "root" / "wheel-site"
+    lines = calls.read_text().splitlines()
+    pip = next(line for line in lines if "-m pip install" in line)
+    assert "--no-index --no-deps" in pip and f"--target {site}" in pip
+    assert all(str(staged / n) in pip for n in os.listdir(staged))
+    smoke = next(line for line in lines if "serve_smoke.py all" in line)
+    assert f"--vllm {site}/bin/vllm" in smoke and "--install-record" in smoke
+    assert sorted(p.name for p in out.iterdir()) == ["serve-logs.tgz"]
+    with tarfile.open(out / "serve-logs.tgz") as tar:
+        assert "./install.json" in tar.getnames() or "install.json" in tar.getnames()
+
+    (site / "vllm" / "x.py").write_text("stock\n")  # the installed file is not the overlay's
+    calls.write_text("")
+    bad = lease_call(tree, env, "serve")
+    assert bad.returncode == 1 and "differ from the overlay" in bad.stdout
+    assert "serve_smoke.py" not in calls.read_text()
