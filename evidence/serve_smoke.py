@@ -192,6 +192,25 @@ def kv_pool_tokens(log: str) -> int | None:
     return int(found[-1].replace(",", "")) if found else None
 
 
+DEPTH_RE = re.compile(r"Adaptive speculative depth (\d+) -> (\d+) after (\d+) steps")
+STARTUP_RE = re.compile(
+    r"Available KV cache memory|GPU KV cache size|Extended KV cache|Graph capturing finished"
+    r"|init engine"
+)
+
+
+def depth_changes(log: str) -> list[dict[str, int]]:
+    """Each change of the adaptive speculative depth (0012's scheduler line), in order."""
+    return [
+        {"from": int(a), "to": int(b), "after_steps": int(n)} for a, b, n in DEPTH_RE.findall(log)
+    ]
+
+
+def startup_lines(log: str) -> list[str]:
+    """The start-up log lines that size the KV pool and capture the graphs."""
+    return [line for line in log.splitlines() if STARTUP_RE.search(line)]
+
+
 def metric_values(text: str, names: tuple[str, ...]) -> dict[str, float]:
     """Sum of each named Prometheus metric's samples (all label sets) in a /metrics page."""
     out: dict[str, float] = {}
@@ -344,9 +363,14 @@ def phase_serve(
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
     log = log_path.read_text(errors="replace")
-    res["server_log_lines"] = [
-        line for line in log.splitlines() if "KV cache" in line or "graph" in line.lower()
-    ][:20]
+    res["server_startup_lines"] = startup_lines(log)
+    res["depth_changes"] = depth_changes(log)
+    # the client's prompts carry the needle (drafts accepted: the depth rises); the bench's
+    # random prompts do not (drafts rejected: it falls back)
+    if not any(c["to"] > c["from"] for c in res["depth_changes"]):
+        res["problems"].append("the adaptive depth never rose")
+    if not any(c["to"] < c["from"] for c in res["depth_changes"]):
+        res["problems"].append("the adaptive depth never fell")
     return res
 
 

@@ -192,3 +192,26 @@ print(json.dumps({{"got": got, "want": s.engine_settings(), "port": args.port,
     assert got["backend"] == smoke.BACKEND and got["kv"] == smoke.KV_CACHE_DTYPE
     assert got["spec"] == ["mtp", 5, "acceptance"]
     assert got["max_len"] == smoke.MAX_MODEL_LEN
+
+
+def test_depth_changes_and_startup_lines_come_from_the_server_log() -> None:
+    log = "\n".join(
+        [
+            "(EngineCore pid=1) INFO [gpu_worker.py:795] Available KV cache memory: 64.28 GiB",
+            "(EngineCore pid=1) INFO [model_runner.py:1216] Graph capturing finished in 10 secs",
+            "Capturing CUDA graphs (FULL):   2%| 5/303",
+            "(EngineCore pid=1) INFO [kv_cache_utils.py:1168] GPU KV cache size: 17,665,920 tokens",
+            "(EngineCore pid=1) INFO [scheduler.py:3512] Adaptive speculative depth 2 -> 4 after "
+            "32 steps (32 verifications, per-position acceptance 1.000, 1.000)",
+            "(APIServer pid=2) INFO [loggers.py:335] Engine 000: Avg prompt throughput: 1 tokens/s",
+            "(EngineCore pid=1) INFO [scheduler.py:3512] Adaptive speculative depth 5 -> 2 after "
+            "16 steps (128 verifications, per-position acceptance 0.000)",
+        ]
+    )
+    assert smoke.depth_changes(log) == [
+        {"from": 2, "to": 4, "after_steps": 32},
+        {"from": 5, "to": 2, "after_steps": 16},
+    ]
+    lines = smoke.startup_lines(log)
+    assert len(lines) == 3 and not any("Capturing" in line or "scheduler" in line for line in lines)
+    assert smoke.depth_changes("no depth here") == []
