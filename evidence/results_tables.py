@@ -812,9 +812,31 @@ def serve_section() -> list[str]:
                 ["median TTFT ms", fmt(b.get("median_ttft_ms"))],
                 ["median TPOT ms", fmt(b.get("median_tpot_ms"))],
                 ["draft tokens accepted", f"{fmt(accepted)} of {fmt(drafted)}"],
+                ["adaptive depth (client, then bench)", depth_path(d.get("depth_changes"))],
+                ["vLLM installed as", installed_as(d.get("install"))],
             ],
         )
     return out
+
+
+def depth_path(changes: list[dict] | None) -> str:
+    """The adaptive depth's path through a run, e.g. ``2 -> 4 -> 5 -> 2``."""
+    if not changes:
+        return "-"
+    return " -> ".join(str(x) for x in [changes[0]["from"], *(c["to"] for c in changes)])
+
+
+def installed_as(install: dict | None) -> str:
+    """How the serving smoke's vLLM got onto the machine."""
+    if not install:
+        return "the patched tree (official tree + overlay files)"
+    vllm = next((w for w in install["wheels"] if w["file"].startswith("vllm-")), None)
+    if vllm is None:
+        return "-"
+    return (
+        f"`{vllm['file']}` (sha256 {vllm['sha256'][:12]}) pip-installed; "
+        f"{install['patched_files_checked']} patched files checked"
+    )
 
 
 def export_section() -> list[str]:

@@ -116,3 +116,20 @@ def test_status_sentence_names_each_card_with_its_meaningful_gates(tmp_path, mon
     assert "3 meaningful DCP gates" in text
     assert "sharing one GPU (H200: 2, H100 80GB HBM3: 1)" in text
     assert results_tables.card({}) == "?"
+
+
+def test_serve_table_says_how_vllm_was_installed_and_where_the_depth_went():
+    """The committed serving smoke passed with the pip-installed overlay wheel whose sha256
+    dist/receipt.json would name, and its table shows the adaptive depth's path."""
+    files = results_tables.load("serve-smoke-*.json")
+    assert files, "no serving smoke committed"
+    for _, d in files:
+        assert d["ok"] and not d["problems"]
+        rows = "\n".join(results_tables.serve_section())
+        wheel = next(w for w in d["install"]["wheels"] if w["file"].startswith("vllm-"))
+        assert f"sha256 {wheel['sha256'][:12]}" in rows
+        path = results_tables.depth_path(d["depth_changes"])
+        assert f"| {path} |" in rows
+    assert results_tables.depth_path([]) == "-"
+    assert results_tables.depth_path([{"from": 2, "to": 4}, {"from": 4, "to": 2}]) == "2 -> 4 -> 2"
+    assert "overlay files" in results_tables.installed_as(None)
