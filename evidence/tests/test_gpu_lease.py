@@ -406,6 +406,18 @@ def _stage_repo(tmp_path: Path) -> tuple[Path, dict[str, str], int]:
     return repo, {**os.environ, "CALL_MIB": str(call_mib), "PY": str(pystub)}, tree_kib
 
 
+def _stage(repo: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`gpu_lease.sh stage` in repo."""
+    return subprocess.run(
+        ["bash", "evidence/dev/gpu_lease.sh", "stage"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("git") is None, reason="bash, git")
 def test_stage_recuts_parts_joined_in_chunk_order_and_sized_for_a_call(tmp_path: Path) -> None:
     """`gpu_lease.sh stage` re-cuts parts larger than what a call leaves beside the tree,
@@ -417,14 +429,7 @@ def test_stage_recuts_parts_joined_in_chunk_order_and_sized_for_a_call(tmp_path:
 
     repo, env, tree_kib = _stage_repo(tmp_path)
     gpu = repo / ".gpu"
-    out = subprocess.run(
-        ["bash", "evidence/dev/gpu_lease.sh", "stage"],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = _stage(repo, env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "parts of at most 2 MiB" in out.stdout
     # the vLLM of pins.toml is staged, not stage-build.sh's own default
@@ -445,14 +450,7 @@ def test_stage_recuts_parts_joined_in_chunk_order_and_sized_for_a_call(tmp_path:
         digest, rel = line.split("  ")
         assert hashlib.sha256((parts / rel).read_bytes()).hexdigest() == digest
     # no room: the same tree with a call of its own size
-    small = subprocess.run(
-        ["bash", "evidence/dev/gpu_lease.sh", "stage"],
-        cwd=repo,
-        env={**env, "CALL_MIB": str((tree_kib + 1023) // 1024 + 1)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    small = _stage(repo, {**env, "CALL_MIB": str((tree_kib + 1023) // 1024 + 1)})
     assert small.returncode != 0 and "no room" in small.stdout
 
 
@@ -493,17 +491,6 @@ def test_land_refuses_to_replace_a_noise_file_unless_it_is_named(tmp_path: Path)
     assert json.loads(landed.read_text())["lease"] == "new"
     assert json.loads(earlier.read_text())["lease"] == "earlier"
     assert (tree / "results" / "dcp-gate-g-0.34.0.json").is_file()
-
-
-def _stage(repo: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["bash", "evidence/dev/gpu_lease.sh", "stage"],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("git") is None, reason="bash, git")
