@@ -33,6 +33,7 @@ import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -86,11 +87,6 @@ def extract(text: str) -> list[Recipe]:
             raise ValueError(f"line {line}: not a `vllm serve` command: {commands[0][:80]}")
         recipes.append(Recipe(words[2:], env, _section_at(text, match.start()), line))
     return recipes
-
-
-def extract_recipes(text: str) -> list[list[str]]:
-    """The argv (after ``vllm serve``) of every recipe block, in document order."""
-    return [r.argv for r in extract(text)]
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:
@@ -218,9 +214,7 @@ def check(recipe: Recipe) -> dict[str, Any]:
     # The reasoning parser reads the tokenizer's vocabulary while the configuration is built;
     # there is none here (no download), so the name is checked above and then left out.
     args.reasoning_parser = ""
-    with contextlib.ExitStack() as stack:
-        for name, value in recipe.env.items():
-            stack.enter_context(_env(name, value))
+    with mock.patch.dict(os.environ, recipe.env):
         config = AsyncEngineArgs.from_cli_args(args).create_engine_config()
     parallel, spec = config.parallel_config, config.speculative_config
     model_config = config.model_config
@@ -293,19 +287,6 @@ def _backend_name(path: str) -> str:
             if member.get_path() == path:
                 return member.name
     raise ValueError(f"no registered backend at {path}")
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str) -> Any:
-    saved = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = saved
 
 
 def main(argv: list[str]) -> int:
