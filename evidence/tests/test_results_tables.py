@@ -123,9 +123,9 @@ def test_serve_table_says_how_vllm_was_installed_and_where_the_depth_went():
     dist/receipt.json would name, and its table shows the adaptive depth's path."""
     files = results_tables.load("serve-smoke-*.json")
     assert files, "no serving smoke committed"
+    rows = "\n".join(results_tables.serve_section())
     for _, d in files:
         assert d["ok"] and not d["problems"]
-        rows = "\n".join(results_tables.serve_section())
         wheel = next(w for w in d["install"]["wheels"] if w["file"].startswith("vllm-"))
         assert f"sha256 {wheel['sha256'][:12]}" in rows
         path = results_tables.depth_path(d["depth_changes"])
