@@ -47,7 +47,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gate import plan, plans, verdict  # noqa: E402
+from gate import memory, plan, plans, verdict  # noqa: E402
 from provenance import git_revision, write_result  # noqa: E402
 
 REPO = HERE.parent
@@ -250,6 +250,12 @@ class Launch:
             # DCP top-k merge backends each rank's indexer really called (worker's merge spy;
             # a run that asked for one and called another fails there)
             "merge_backends_seen": [(rec or {}).get("merge_backends_seen") for rec in ranks],
+            # each rank's memory record (memory_probe runs; gate/memory.py judges them)
+            "memory": [
+                {"rank": r, **rec["memory"]}
+                for r, rec in enumerate(ranks)
+                if (rec or {}).get("memory")
+            ],
         }
 
 
@@ -510,6 +516,25 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
             f"GATE {gate}: equivalent={result['equivalent']} max={result['max_abs_logprob_diff']} "
             f"atol={tol['atol_logprob']:.4g} negative_control_detected="
             f"{result['negative_control_detected']} meaningful={result['meaningful']}",
+            flush=True,
+        )
+    names = {r["name"] for r in suite.get("runs", [])}
+    mem = memory.memory_result({n: r for n, r in runs.items() if n in names})
+    if mem is not None:
+        first = next(r for n, r in sorted(runs.items()) if n in names)
+        mem.update(
+            command=shlex.join([sys.executable, *sys.argv]),
+            revision=dict(first.get("revision") or {}, report=revision()["series"]),
+            base=first.get("base"),
+            machine=first.get("machine"),
+            transport=sorted({runs[n].get("transport") for n in mem["runs"]} - {None}),
+        )
+        path = out / "dcp-memory.json"
+        path.write_text(json.dumps(mem, indent=1, sort_keys=True) + "\n")
+        written.append(path)
+        print(
+            f"MEMORY all_within={mem['all_within']} controls_caught={mem['controls_caught']} "
+            f"capacity rows={len(mem['capacity'])}",
             flush=True,
         )
     return written

@@ -47,6 +47,9 @@ SPEC_KEYS = (
 )
 ADAPTIVE_MODES = ("off", "acceptance")
 PATCHED_ONLY_BACKENDS = ("TRITON_MLA_SPARSE_FP8_DS_MLA",)
+# The memory test's negative controls (gate/memory_probe.py reads the rank environment).
+DROP_RESERVATION_ENV = "GATE_DROP_DCP_RESERVATION"
+DROP_RESERVATION = ("alloc", "all")
 
 
 def engine_extra_problems(extra: dict[str, Any], variant: str, dcp: int) -> list[str]:
@@ -165,6 +168,9 @@ class GateConfig:
     variant: str = "stock"  # which vLLM tree the ranks import (VARIANTS)
     engine_extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # into LLM(**kw)
     warmup: bool = False  # later runs of the queue wait until this one's engine is up
+    # record each rank's memory (gate/memory_probe.py): the profiled peak, each step's peak
+    # and vLLM's KV figures; it synchronises every step, so timed runs leave it off
+    memory_probe: bool = False
 
     def __post_init__(self) -> None:
         self.passes = tuple(self.passes)
@@ -214,6 +220,12 @@ class GateConfig:
             out.append(f"backend {self.backend} exists only in the patched series")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
             out.append("env must map str to str")
+        drop = self.env.get(DROP_RESERVATION_ENV)
+        if drop is not None and (drop not in DROP_RESERVATION or not self.memory_probe):
+            out.append(
+                f"{DROP_RESERVATION_ENV} (a memory negative control) takes "
+                f"{' or '.join(DROP_RESERVATION)} and needs memory_probe true"
+            )
         return out
 
     @property

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gate import plan
+from gate import memory_probe, plan
 
 FAULT_SHIFT = -1.0e4
 _SHIFTS: list[tuple[int, int, Any]] = []  # (dcp rank, dcp world size, shift tensor)
@@ -398,6 +398,8 @@ def main(config_path: str, out_dir: str) -> int:
 
             global _LEDGER
             _LEDGER = comm_ledger.install_in_vllm(ledger_size)
+        if cfg.memory_probe:
+            memory_probe.install()
         t0 = time.time()
         llm = LLM(**kw)
         record["engine_start_s"] = round(time.time() - t0, 1)
@@ -411,10 +413,16 @@ def main(config_path: str, out_dir: str) -> int:
         except AttributeError:
             record["cudagraph_mode"] = None
         record["fault_hook_layers"] = len(_SHIFTS)
+        reservation = None
+        if cfg.memory_probe:
+            reservation = llm.apply_model(memory_probe.dcp_reservation)[0]
+            record["memory"] = memory_probe.snapshot(llm, reservation)
         rec.write()  # the engine's facts survive a kill during the first pass
         extras: dict[str, Any] = {}
 
         def pass_done(passes: dict[str, dict], fault: dict[str, Any]) -> None:
+            if cfg.memory_probe:
+                record["memory"] = memory_probe.snapshot(llm, reservation)
             rec.pass_done(passes, extras, fault, keep_tokens=rank == 0)
             log(f"recorded passes {list(passes)}")
 
@@ -428,6 +436,8 @@ def main(config_path: str, out_dir: str) -> int:
     except Exception as e:  # recorded: a configuration that fails is evidence too
         try:
             record.setdefault("machine", machine_info())
+            if cfg.memory_probe and "memory" not in record:  # e.g. a refused start-up
+                record["memory"] = memory_probe.snapshot()
         except Exception:  # noqa: BLE001 - the error below is what matters
             pass
         rec.fail(f"{type(e).__name__}: {e}", traceback.format_exc())

@@ -1,0 +1,208 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The memory test and the capacity table, computed from gate run records (pure Python).
+
+A run configured with ``memory_probe`` carries each rank's memory record
+(gate/memory_probe.py). vLLM sizes the KV pool once, from a profiling forward: what it
+budgets for a rank is that forward's torch peak (weights included) plus the KV bytes it
+hands the pool. A rank stays inside its budget when every later step's peak does:
+
+    step peak <= profiled peak + KV pool bytes            ("peak <= reserved + the pool")
+
+A step over it takes memory the KV pool was given: with a pool sized to the GPU, the
+out-of-memory error of a long prefill after a clean start-up. The verdict is per rank and
+per step class (the largest prefill chunk, decode); a run is ``within`` when every rank is.
+
+Negative controls (runs whose environment sets ``GATE_DROP_DCP_RESERVATION``) are judged
+against their twin, the run of the same configuration without it: ``alloc`` (the series'
+reservation recorded but not allocated) is caught when some rank steps over its budget,
+``all`` (no reservation at all) when the series' start-up check refused the engine.
+
+Capacity: vLLM's own figures after start-up (``num_gpu_blocks`` x ``block_size`` tokens per
+rank, which DCP shards, and the ``kv_cache_size_tokens`` it logs), per DCP size among runs of
+one checkpoint and one KV pool size per rank, with the ratio to DCP = 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+KIND = "dcp_memory"
+SCHEMA_VERSION = 1
+DROP_ENV = "GATE_DROP_DCP_RESERVATION"
+REFUSAL_MARK = "DCP headroom check"
+STEP_CLASSES = ("prefill", "decode")
+
+
+def rank_verdict(mem: dict[str, Any]) -> dict[str, Any]:
+    """One rank's record against its budget; ``within`` is None when there is nothing to
+    judge (no profile, or no step ran)."""
+    profile = mem.get("profile")
+    steps = mem.get("steps") or {}
+    out: dict[str, Any] = {"rank": mem.get("rank"), "dcp_reservation": mem.get("dcp_reservation")}
+    if not profile:
+        return {**out, "within": None, "why": "no profiling record (engine did not size its pool)"}
+    budget = int(profile["peak_bytes"]) + int(profile["kv_cache_bytes"])
+    out.update(
+        profiled_peak_bytes=int(profile["peak_bytes"]),
+        kv_cache_bytes=int(profile["kv_cache_bytes"]),
+        budget_bytes=budget,
+    )
+    judged = []
+    for kind in STEP_CLASSES:
+        step = steps.get(kind)
+        if not step:
+            continue
+        peak = int(step["peak_bytes"])
+        out[kind] = {
+            "peak_bytes": peak,
+            "margin_bytes": budget - peak,
+            "within": peak <= budget,
+            "steps": step.get("steps"),
+            "peak_step_tokens": step.get("peak_step_tokens"),
+            "max_step_tokens": step.get("max_step_tokens"),
+        }
+        judged.append(peak <= budget)
+    out["within"] = all(judged) if judged else None
+    if not judged:
+        out["why"] = "no model step after start-up"
+    return out
+
+
+def drop_of(run: dict[str, Any]) -> str:
+    """The negative control a run is ("" for none)."""
+    return str(((run.get("config") or {}).get("env") or {}).get(DROP_ENV, ""))
+
+
+def twin_key(run: dict[str, Any]) -> str:
+    """What a control shares with its twin: the configuration without name and control."""
+    cfg = dict(run.get("config") or {})
+    cfg.pop("name", None)
+    cfg["env"] = {k: v for k, v in (cfg.get("env") or {}).items() if k != DROP_ENV}
+    return repr(sorted((k, repr(v)) for k, v in cfg.items()))
+
+
+def refused(run: dict[str, Any]) -> bool:
+    """The series' start-up check refused the engine (its message is the run's error)."""
+    return REFUSAL_MARK in str(run.get("error") or "")
+
+
+def run_verdict(run: dict[str, Any]) -> dict[str, Any]:
+    """Every rank of one run; ``within``: all ranks judged and within (None: not judged)."""
+    ranks = [rank_verdict(m) for m in run.get("memory") or []]
+    cfg = run.get("config") or {}
+    judged = [r["within"] for r in ranks if r["within"] is not None]
+    within = all(judged) if ranks and len(judged) == len(ranks) else None
+    over = [
+        r[k]["peak_bytes"] - r["budget_bytes"]
+        for r in ranks
+        for k in STEP_CLASSES
+        if k in r and not r[k]["within"]
+    ]
+    return {
+        "run": run.get("name"),
+        "tp": cfg.get("tp"),
+        "dcp": cfg.get("dcp"),
+        "backend": cfg.get("backend"),
+        "route": (cfg.get("engine_extra") or {}).get("dcp_prefill_route", "query"),
+        "max_num_batched_tokens": cfg.get("max_num_batched_tokens"),
+        "control": drop_of(run) or None,
+        "ok": bool(run.get("ok")),
+        "refused": refused(run),
+        "error": (run.get("error") or None) and str(run["error"])[:600],
+        "within": within,
+        "largest_overrun_bytes": max(over) if over else None,
+        "ranks": ranks,
+    }
+
+
+def control_verdict(control: dict[str, Any], twin: dict[str, Any] | None) -> dict[str, Any]:
+    """Is the negative control caught? ``alloc``: some rank of the control over its budget;
+    ``all``: the engine refused by the series' check. Its twin must be within (else the
+    control shows nothing) and, for ``alloc``, the reservation's bytes are the difference
+    of the two profiled peaks."""
+    kind = control["control"]
+    if twin is None:
+        return {"caught": None, "why": "no twin run (same configuration, no control)"}
+    out: dict[str, Any] = {"twin": twin["run"], "twin_within": twin["within"]}
+    if kind == "all":
+        out["caught"] = control["refused"]
+        return out
+    out["caught"] = control["within"] is False and twin["within"] is True
+    twin_peaks = [r.get("profiled_peak_bytes") for r in twin["ranks"]]
+    ctl_peaks = [r.get("profiled_peak_bytes") for r in control["ranks"]]
+    if len(twin_peaks) == len(ctl_peaks) > 0 and None not in twin_peaks + ctl_peaks:
+        pairs = zip(twin_peaks, ctl_peaks, strict=True)
+        out["reservation_bytes_by_rank"] = [a - b for a, b in pairs]
+    return out
+
+
+def capacity_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """vLLM's KV capacity per run (rank 0's figures; every rank holds the same pool), grouped
+    by checkpoint and KV bytes per rank, with the ratio of tokens to the group's DCP = 1."""
+    rows = []
+    for run in runs:
+        mems = run.get("memory") or []
+        engine = (mems[0].get("engine") if mems else None) or {}
+        if not engine.get("num_gpu_blocks") or drop_of(run):
+            continue
+        cfg = run.get("config") or {}
+        dcp = int(cfg.get("dcp", 1))
+        rows.append(
+            {
+                "run": run.get("name"),
+                "checkpoint": str(cfg.get("model", "")).rstrip("/").rsplit("/", 1)[-1],
+                "kv_cache_memory_bytes": cfg.get("kv_cache_memory_bytes"),
+                "tp": cfg.get("tp"),
+                "dcp": dcp,
+                "num_gpu_blocks": engine["num_gpu_blocks"],
+                "block_size": engine.get("block_size"),
+                "tokens": int(engine["num_gpu_blocks"]) * int(engine.get("block_size") or 0) * dcp,
+                "vllm_kv_cache_size_tokens": engine.get("kv_cache_size_tokens"),
+                "max_model_len": cfg.get("max_model_len"),
+                "longest_prompt_served": longest_served(run),
+            }
+        )
+    base: dict[tuple[str, Any], int] = {}
+    for r in rows:
+        if r["dcp"] == 1:
+            base.setdefault((r["checkpoint"], r["kv_cache_memory_bytes"]), r["tokens"])
+    for r in rows:
+        one = base.get((r["checkpoint"], r["kv_cache_memory_bytes"]))
+        r["tokens_vs_dcp1"] = round(r["tokens"] / one, 3) if one else None
+    return sorted(rows, key=lambda r: (r["checkpoint"], r["kv_cache_memory_bytes"] or 0, r["dcp"]))
+
+
+def longest_served(run: dict[str, Any]) -> int | None:
+    """The longest single prompt of a run whose clean pass finished (None otherwise)."""
+    if "clean" not in (run.get("passes_complete") or []):
+        return None
+    return max((run.get("config") or {}).get("lens") or [], default=None)
+
+
+def memory_result(runs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The memory test over the runs that carry memory records (None when none does)."""
+    probed = {
+        n: r
+        for n, r in runs.items()
+        if r.get("memory") or (r.get("config") or {}).get("memory_probe")
+    }
+    if not probed:
+        return None
+    verdicts = {n: run_verdict(r) for n, r in sorted(probed.items())}
+    twins = {twin_key(r): verdicts[n] for n, r in probed.items() if not drop_of(r)}
+    controls = {
+        n: control_verdict(verdicts[n], twins.get(twin_key(r)))
+        for n, r in probed.items()
+        if drop_of(r)
+    }
+    judged = [v for v in verdicts.values() if v["control"] is None]
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": KIND,
+        "rule": "every rank's largest prefill and decode step peak <= profiled peak + KV pool",
+        "runs": verdicts,
+        "controls": controls,
+        "all_within": bool(judged) and all(v["within"] is True for v in judged),
+        "controls_caught": bool(controls) and all(c["caught"] is True for c in controls.values()),
+        "capacity": capacity_rows(list(probed.values())),
+    }

@@ -1,0 +1,245 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The memory test and the capacity table (evidence/gate/memory.py) on synthetic run records;
+the rank-side probe's step folding (gate/memory_probe.py) and its wrapping of vLLM's worker
+(in the test venv, with a stand-in for torch.cuda)."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+
+EVIDENCE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(EVIDENCE))
+sys.path.insert(0, str(EVIDENCE / "tests" / "support"))
+
+from gate import memory, memory_probe, plan  # noqa: E402
+from venv_probe import needs_venv, run_probe  # noqa: E402
+
+GIB = 1 << 30
+
+
+def rank_mem(rank: int, profiled: int, kv: int, prefill: int, decode: int) -> dict:
+    return {
+        "rank": rank,
+        "profile": {"allocated_before_bytes": GIB, "peak_bytes": profiled, "kv_cache_bytes": kv},
+        "steps": {
+            "prefill": {"steps": 3, "peak_bytes": prefill, "peak_step_tokens": 8192},
+            "decode": {"steps": 31, "peak_bytes": decode, "peak_step_tokens": 1},
+        },
+        "engine": {"num_gpu_blocks": 1000, "block_size": 64, "kv_cache_size_tokens": 123},
+    }
+
+
+def run(name: str, dcp: int = 2, drop: str = "", ok: bool = True, error=None, **mem) -> dict:
+    env = {"VLLM_USE_V2_MODEL_RUNNER": "1"} | ({memory.DROP_ENV: drop} if drop else {})
+    peaks = mem.get("peaks", [(3 * GIB, 2 * GIB, 4 * GIB, 3 * GIB + GIB // 2)] * dcp)
+    return {
+        "name": name,
+        "ok": ok,
+        "error": error,
+        "passes_complete": ["clean"] if ok else [],
+        "config": {
+            "name": name,
+            "model": "/w/ckpt/glmn",
+            "tp": dcp,
+            "dcp": dcp,
+            "kv_cache_memory_bytes": 2 * GIB,
+            "lens": [1024, 65536],
+            "memory_probe": True,
+            "env": env,
+        },
+        "memory": [] if not ok else [rank_mem(r, *p) for r, p in enumerate(peaks)],
+    }
+
+
+def test_a_rank_within_its_budget_and_one_over_it():
+    """Budget = profiled peak + KV bytes; a step peak one byte over it is flagged."""
+    ok = memory.rank_verdict(rank_mem(0, 3 * GIB, 2 * GIB, 5 * GIB, 4 * GIB))
+    assert ok["budget_bytes"] == 5 * GIB and ok["within"] is True
+    assert ok["prefill"]["margin_bytes"] == 0
+    over = memory.rank_verdict(rank_mem(0, 3 * GIB, 2 * GIB, 5 * GIB + 1, 4 * GIB))
+    assert over["within"] is False and over["prefill"]["within"] is False
+    assert over["decode"]["within"] is True
+
+
+def test_nothing_to_judge_is_not_a_pass():
+    assert memory.rank_verdict({"steps": {}})["within"] is None
+    no_steps = rank_mem(0, GIB, GIB, 0, 0)
+    no_steps["steps"] = {}
+    assert memory.rank_verdict(no_steps)["within"] is None
+    r = run("a")
+    r["memory"] = r["memory"][:1]  # rank 1 wrote no record: the run is not judged
+    r["memory"].append({"rank": 1, "steps": {}})
+    assert memory.run_verdict(r)["within"] is None
+
+
+def test_the_alloc_control_is_caught_only_when_it_overruns_and_its_twin_does_not():
+    twin = run("m-dcp2")
+    over = [(2 * GIB, 2 * GIB, 4 * GIB + 5, 3 * GIB)] * 2  # profiled 1 GiB lower, same steps
+    ctl = run("m-dcp2-noreserve", drop="alloc", peaks=over)
+    doc = memory.memory_result({"m-dcp2": twin, "m-dcp2-noreserve": ctl})
+    assert doc["all_within"] is True
+    got = doc["controls"]["m-dcp2-noreserve"]
+    assert got["caught"] is True and got["twin"] == "m-dcp2"
+    assert got["reservation_bytes_by_rank"] == [GIB, GIB]
+    assert doc["runs"]["m-dcp2-noreserve"]["largest_overrun_bytes"] == 5
+    # a control that stays within is not caught, and then neither are the controls
+    quiet = run("m-dcp2-noreserve", drop="alloc")
+    doc = memory.memory_result({"m-dcp2": twin, "m-dcp2-noreserve": quiet})
+    assert doc["controls"]["m-dcp2-noreserve"]["caught"] is False
+    assert doc["controls_caught"] is False
+    # a twin over its budget shows nothing either
+    bad_twin = run("m-dcp2", peaks=over)
+    doc = memory.memory_result({"m-dcp2": bad_twin, "m-dcp2-noreserve": ctl})
+    assert doc["controls"]["m-dcp2-noreserve"]["caught"] is False
+    assert doc["all_within"] is False
+
+
+def test_the_all_control_is_caught_by_the_refusal_message():
+    twin = run("m-dcp2")
+    msg = "rank 0: ValueError: DCP headroom check: the profiling forward reserved ..."
+    refused = run("m-dcp2-unreserved", drop="all", ok=False, error=msg)
+    crashed = run("m-dcp2-unreserved", drop="all", ok=False, error="rank 0: CUDA out of memory")
+    for ctl, caught in ((refused, True), (crashed, False)):
+        doc = memory.memory_result({"m-dcp2": twin, "m-dcp2-unreserved": ctl})
+        assert doc["controls"]["m-dcp2-unreserved"]["caught"] is caught
+    alone = memory.memory_result({"m-dcp2-unreserved": refused})
+    assert alone["controls"]["m-dcp2-unreserved"]["caught"] is None
+    assert alone["all_within"] is False  # nothing judged is not a pass
+
+
+def test_capacity_scales_with_dcp_per_checkpoint_and_pool_and_skips_controls():
+    runs = {}
+    for dcp, blocks in ((1, 4000), (2, 4000), (4, 3990)):
+        r = run(f"cap-dcp{dcp}", dcp=dcp)
+        for m in r["memory"]:
+            m["engine"] = {"num_gpu_blocks": blocks, "block_size": 64}
+        runs[r["name"]] = r
+    ctl = copy.deepcopy(runs["cap-dcp2"])
+    ctl["name"], ctl["config"]["env"] = "cap-dcp2-x", {memory.DROP_ENV: "alloc"}
+    runs["cap-dcp2-x"] = ctl
+    rows = memory.memory_result(runs)["capacity"]
+    assert [(r["dcp"], r["tokens"], r["tokens_vs_dcp1"]) for r in rows] == [
+        (1, 256000, 1.0),
+        (2, 512000, 2.0),
+        (4, 1021440, 3.99),
+    ]
+    assert rows[0]["longest_prompt_served"] == 65536
+    runs["cap-dcp1"]["passes_complete"] = []
+    assert memory.capacity_rows([runs["cap-dcp1"]])[0]["longest_prompt_served"] is None
+
+
+def test_no_probed_run_writes_no_memory_file():
+    r = run("a")
+    r["config"]["memory_probe"] = False
+    r["memory"] = []
+    assert memory.memory_result({"a": r}) is None
+
+
+def test_step_folding_keeps_the_largest_peak_per_class():
+    memory_probe._STATE["steps"] = {}
+    memory_probe.record_step({"a": 8192}, 7, 9)
+    memory_probe.record_step({"a": 4000, "b": 1}, 8, 8)
+    memory_probe.record_step({"a": 1, "b": 1}, 3, 4)
+    memory_probe.record_step({"a": 1}, 2, 5)
+    got = memory_probe._STATE["steps"]
+    assert got["prefill"] == {
+        "steps": 2,
+        "peak_bytes": 8,
+        "peak_step_tokens": 4001,
+        "max_step_tokens": 8192,
+        "peak_reserved_bytes": 9,
+    }
+    assert got["decode"]["peak_bytes"] == 3 and got["decode"]["steps"] == 2
+    assert got["decode"]["peak_reserved_bytes"] == 5
+
+
+@pytest.mark.parametrize(
+    ("env", "probe", "ok"),
+    [
+        ({plan.DROP_RESERVATION_ENV: "alloc"}, True, True),
+        ({plan.DROP_RESERVATION_ENV: "all"}, True, True),
+        ({plan.DROP_RESERVATION_ENV: "1"}, True, False),
+        ({plan.DROP_RESERVATION_ENV: "alloc"}, False, False),
+    ],
+)
+def test_a_control_needs_a_known_value_and_the_probe(env, probe, ok, monkeypatch):
+    kw = dict(name="m", model="m", tp=2, dcp=2, env=env, memory_probe=probe)
+    if ok:
+        plan.GateConfig(**kw)
+    else:
+        with pytest.raises(ValueError, match="GATE_DROP_DCP_RESERVATION"):
+            plan.GateConfig(**kw)
+    monkeypatch.setenv(plan.DROP_RESERVATION_ENV, env[plan.DROP_RESERVATION_ENV])
+    if env[plan.DROP_RESERVATION_ENV] in plan.DROP_RESERVATION:
+        assert memory_probe.dropped_reservation() == env[plan.DROP_RESERVATION_ENV]
+    else:
+        with pytest.raises(ValueError, match="valid: alloc, all"):
+            memory_probe.dropped_reservation()
+
+
+WRAP_PROBE = r"""
+import json, os, sys
+from types import SimpleNamespace
+from gate import memory_probe
+from vllm.v1.worker import gpu_worker
+from vllm.models.deepseek_v32 import attention
+
+class FakeCuda:
+    allocated, peak = 100, 100
+    def synchronize(self): pass
+    def memory_allocated(self): return self.allocated
+    def reset_peak_memory_stats(self): self.peak = self.allocated
+    def max_memory_allocated(self): return self.peak
+    def max_memory_reserved(self): return self.peak + 1
+cuda = FakeCuda()
+memory_probe._cuda = lambda: cuda
+
+def sizing(self):
+    cuda.peak = 700  # the profiling forward's peak
+    return 5000
+def step(self, so):
+    cuda.peak = 900 if so.total_num_scheduled_tokens > 1 else 300
+    return "out"
+gpu_worker.Worker.determine_available_memory = sizing
+gpu_worker.Worker.execute_model = step
+original = attention.DeepseekV32Attention._reserve_dcp_step
+memory_probe.install()
+memory_probe.install()  # idempotent
+w = object.__new__(gpu_worker.Worker)
+kv = w.determine_available_memory()
+def sched(n):
+    return SimpleNamespace(num_scheduled_tokens=n, total_num_scheduled_tokens=sum(n.values()))
+outs = [w.execute_model(sched(n)) for n in ({"a": 50}, {"a": 1}, {})]
+layer = SimpleNamespace(dcp_reserved_rows=0)
+if os.environ.get(memory_probe.DROP_RESERVATION_ENV):
+    attention.DeepseekV32Attention._reserve_dcp_step(layer, 64, None)
+print(json.dumps({"kv": kv, "outs": outs, "snap": memory_probe.snapshot(),
+                  "replaced": attention.DeepseekV32Attention._reserve_dcp_step is not original,
+                  "rows": layer.dcp_reserved_rows}))
+"""
+
+
+@needs_venv
+@pytest.mark.parametrize("drop", ["", "alloc", "all"])
+def test_the_probe_wraps_vllms_worker_and_the_controls_replace_the_reservation(drop):
+    """In the patched tree: the sizing and each step pass through unchanged and are measured;
+    ``alloc`` keeps 0016's row record without allocating, ``all`` keeps nothing."""
+    got = run_probe(WRAP_PROBE, timeout=300, env={plan.DROP_RESERVATION_ENV: drop})
+    assert got["kv"] == 5000 and got["outs"] == ["out", "out", "out"]
+    snap = got["snap"]
+    assert snap["profile"] == {
+        "allocated_before_bytes": 100,
+        "peak_bytes": 700,
+        "peak_reserved_bytes": 701,
+        "kv_cache_bytes": 5000,
+    }
+    assert snap["steps"]["prefill"]["peak_bytes"] == 900
+    assert snap["steps"]["decode"]["peak_bytes"] == 300
+    assert snap["reservation_dropped"] == (drop or None)
+    assert got["replaced"] is bool(drop)
+    if drop:
+        assert got["rows"] == (64 if drop == "alloc" else 0)
