@@ -6,6 +6,7 @@ the rank-side probe's step folding (gate/memory_probe.py) and its wrapping of vL
 from __future__ import annotations
 
 import copy
+import json
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 EVIDENCE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(EVIDENCE))
 sys.path.insert(0, str(EVIDENCE / "tests" / "support"))
+sys.path.insert(0, str(EVIDENCE / "tests"))
 
 from gate import memory, memory_probe, plan  # noqa: E402
 from venv_probe import needs_venv, run_probe  # noqa: E402
@@ -243,3 +245,48 @@ def test_the_probe_wraps_vllms_worker_and_the_controls_replace_the_reservation(d
     assert got["replaced"] is bool(drop)
     if drop:
         assert got["rows"] == (64 if drop == "alloc" else 0)
+
+
+def test_a_memory_suite_runs_end_to_end_through_the_launcher(tmp_path: Path):
+    """The launcher collects every rank's memory record and the report writes the memory
+    test: the run within its budget, the ``alloc`` control over it, the ``all`` control
+    refused, capacity per DCP size (the stand-in worker, tests/support/fake_gate_worker.py)."""
+    from test_dcp_gate import run_suite
+
+    def mrun(name: str, tp: int, dcp: int, drop: str = "") -> dict:
+        env = {plan.DROP_RESERVATION_ENV: drop} if drop else {}
+        return {
+            "name": name,
+            "model": "M/ck",
+            "tp": tp,
+            "dcp": dcp,
+            "passes": ["clean"],
+            "lens": [64],
+            "batch_lens": [],
+            "memory_probe": True,
+            "variant": "patched",
+            "env": env,
+        }
+
+    suite = {
+        "checkpoints": {},
+        "runs": [
+            mrun("m-tp2-dcp1", 2, 1),
+            mrun("m-tp2-dcp2", 2, 2),
+            mrun("m-tp2-dcp2-noalloc", 2, 2, "alloc"),
+            mrun("m-tp2-dcp2-unreserved", 2, 2, "all"),
+        ],
+        "noise": {},
+        "gates": {},
+    }
+    proc = run_suite(tmp_path, suite)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "out" / "dcp-memory.json").read_text())
+    assert doc["kind"] == memory.KIND and doc["all_within"] is True
+    assert doc["controls_caught"] is True, doc["controls"]
+    assert doc["runs"]["m-tp2-dcp2"]["within"] is True
+    assert [r["rank"] for r in doc["runs"]["m-tp2-dcp2"]["ranks"]] == [0, 1]
+    assert doc["runs"]["m-tp2-dcp2-unreserved"]["refused"] is True
+    assert doc["controls"]["m-tp2-dcp2-noalloc"]["reservation_bytes_by_rank"] == [GIB, GIB]
+    assert [(r["dcp"], r["tokens"]) for r in doc["capacity"]] == [(1, 999 * 64), (2, 998 * 128)]
+    assert doc["revision"]["series"] == "abc123"

@@ -6,6 +6,8 @@ token, TP/DCP add a small deterministic reordering noise (GATE_FAKE_NOISE), the 
 moves every log-prob by 0.5, and GATE_FAKE_BROKEN=<run name> makes that run wrong.
 GATE_FAKE_SHIFT=<run>:<delta> shifts that run's log-probs from step 1 on, GATE_FAKE_FLIP=<run>
 changes one greedy token of its clean pass, an fp8 wire adds GATE_FAKE_WIRE_NOISE.
+A ``memory_probe`` run writes a memory record whose largest prefill step fits only with the
+reservation (GATE_DROP_DCP_RESERVATION=alloc: over budget; =all: refused at start-up).
 GATE_FAKE_HANG=<run>:<pass>:<group>[,...] stops that run in that generate() group of that pass (the
 suite's deadline kills it), GATE_FAKE_CRASH=<run>:<pass>:<group> raises there. The rank record
 is the real worker's (gate.worker.RankRecord): rewritten after every pass whose groups all
@@ -81,6 +83,22 @@ def main(config_path: str, out_dir: str) -> int:
             }
         ],
     )
+    if cfg.memory_probe:
+        drop = cfg.env.get(plan.DROP_RESERVATION_ENV)
+        if drop == "all":  # what the series' start-up check does without a reservation
+            rec.fail("ValueError: DCP headroom check: the profiling forward reserved 0 rows", "")
+            return 1
+        gib = 1 << 30
+        # the reservation raises the profiled peak by 1 GiB; a step peaks at 3.5 GiB + pool
+        profiled = 4 * gib if drop is None else 3 * gib
+        rec.data["memory"] = {
+            "profile": {"peak_bytes": profiled, "kv_cache_bytes": cfg.kv_cache_memory_bytes},
+            "steps": {
+                "prefill": {"steps": 2, "peak_bytes": gib * 7 // 2 + cfg.kv_cache_memory_bytes},
+                "decode": {"steps": 31, "peak_bytes": gib + cfg.kv_cache_memory_bytes},
+            },
+            "engine": {"num_gpu_blocks": 1000 - cfg.dcp, "block_size": 64},
+        }
     rec.write()
     fault = {"kind": "fake", "dcp_rank": cfg.fault_rank % cfg.dcp} if "fault" in cfg.passes else {}
     stop = {  # comma-separated <run>:<pass>:<group> triples
