@@ -819,6 +819,87 @@ def serve_section() -> list[str]:
     return out
 
 
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / (1 << 30):.2f}"
+
+
+def memory_section() -> list[str]:
+    """The memory test and the capacity table (``dcp-memory*.json``, gate/memory.py)."""
+    out: list[str] = []
+    for name, d in load("dcp-memory*.json"):
+        out += [f"### DCP memory test ({card(d)}, {base_of(d)}), `{name}`", ""]
+        out += [
+            f"Rule: {d.get('rule')}. All runs within: {d.get('all_within')}; negative controls "
+            f"caught: {d.get('controls_caught')}. Revision {revision(d)}; "
+            f"{', '.join(d.get('transport') or []) or '-'}. GiB per rank; margin: the smallest "
+            "over the ranks (budget - step peak).",
+            "",
+        ]
+        rows = []
+        for run, v in sorted((d.get("runs") or {}).items()):
+            ranks = v.get("ranks") or []
+
+            def least(kind: str, field: str, ranks: list = ranks) -> int | None:
+                got = [r[kind][field] for r in ranks if kind in r]
+                return min(got) if got else None
+
+            peaks = [r[k]["peak_bytes"] for r in ranks for k in ("prefill",) if k in r]
+            caught = (d.get("controls") or {}).get(run, {}).get("caught")
+            rows.append(
+                [
+                    f"`{run}`",
+                    f"{v.get('tp')}/{v.get('dcp')}",
+                    v.get("backend") or "-",
+                    v.get("route"),
+                    v.get("control") or "-",
+                    "refused" if v.get("refused") else v.get("within"),
+                    "-" if caught is None else caught,
+                    _gib(max((r.get("budget_bytes") or 0 for r in ranks), default=None)),
+                    _gib(max(peaks) if peaks else None),
+                    _gib(least("prefill", "margin_bytes")),
+                    _gib(least("decode", "margin_bytes")),
+                ]
+            )
+        out += table(
+            [
+                "run",
+                "TP/DCP",
+                "backend",
+                "route",
+                "control",
+                "within",
+                "control caught",
+                "budget",
+                "prefill peak",
+                "prefill margin",
+                "decode margin",
+            ],
+            rows,
+        )
+        cap = d.get("capacity") or []
+        if cap:
+            out += ["", "KV capacity with the same KV bytes per rank (vLLM's own block count):", ""]
+            out += table(
+                ["run", "checkpoint", "KV MiB / rank", "TP/DCP", "tokens", "x DCP 1", "served"],
+                [
+                    [
+                        f"`{c['run']}`",
+                        c["checkpoint"],
+                        fmt((c.get("kv_cache_memory_bytes") or 0) / (1 << 20)),
+                        f"{c.get('tp')}/{c['dcp']}",
+                        f"{c['tokens']:,}",
+                        fmt(c.get("tokens_vs_dcp1")),
+                        "-"
+                        if c.get("longest_prompt_served") is None
+                        else f"{c['longest_prompt_served']:,}",
+                    ]
+                    for c in cap
+                ],
+            )
+        out.append("")
+    return out
+
+
 def depth_path(changes: list[dict] | None) -> str:
     """The adaptive depth's path through a run, e.g. ``2 -> 4 -> 5 -> 2``."""
     if not changes:
@@ -1009,6 +1090,7 @@ def render() -> str:
         tool_section,
         export_section,
         serve_section,
+        memory_section,
     ):
         lines += section()
     return "\n".join(lines).rstrip() + "\n"

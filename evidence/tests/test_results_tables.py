@@ -133,3 +133,34 @@ def test_serve_table_says_how_vllm_was_installed_and_where_the_depth_went():
     assert results_tables.depth_path([]) == "-"
     assert results_tables.depth_path([{"from": 2, "to": 4}, {"from": 4, "to": 2}]) == "2 -> 4 -> 2"
     assert "overlay files" in results_tables.installed_as(None)
+
+
+def test_memory_table_shows_each_run_its_control_and_the_capacity(tmp_path, monkeypatch):
+    """A memory test renders a row per run (the refused control as refused, caught) and the
+    capacity rows with their ratio to DCP 1."""
+    import json
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_gate_memory import run
+
+    from gate import memory
+
+    gib = 1 << 30
+    runs = {
+        "m-dcp2": run("m-dcp2"),
+        "m-dcp2-unreserved": run(
+            "m-dcp2-unreserved", drop="all", ok=False, error="DCP headroom check: no"
+        ),
+        "m-dcp1": run("m-dcp1", dcp=1),
+    }
+    doc = memory.memory_result(runs) | {"machine": {"gpus": [{"name": "NVIDIA H100 80GB HBM3"}]}}
+    (tmp_path / "dcp-memory.json").write_text(json.dumps(doc))
+    monkeypatch.setattr(results_tables, "RESULTS", tmp_path)
+    text = "\n".join(results_tables.memory_section())
+    assert "All runs within: True; negative controls caught: True" in text
+    assert "| `m-dcp2-unreserved` | 2/2 | - | query | all | refused | True |" in text
+    assert (
+        f"| `m-dcp2` | 2/2 | - | query | - | True | - | {5 * gib / gib:.2f} | 4.00 | 1.00 |" in text
+    )
+    assert "| `m-dcp1` | glmn | 2048 | 1/1 | 64,000 | 1 | 65,536 |" in text
+    assert "| `m-dcp2` | glmn | 2048 | 2/2 | 128,000 | 2 | 65,536 |" in text
