@@ -141,9 +141,8 @@ def test_memory_table_shows_each_run_its_control_and_the_capacity(tmp_path, monk
     import json
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from test_gate_memory import run
-
     from gate import memory
+    from test_gate_memory import run
 
     gib = 1 << 30
     runs = {
