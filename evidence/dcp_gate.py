@@ -852,6 +852,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         variant=args.variant,
         engine_extra=json.loads(args.engine_extra),
+        enable_prefix_caching=args.enable_prefix_caching,
     )
     rec = run_many([cfg], Path(args.work), cfg.world_size, args.deadline_s, args.port)[cfg.name]
     print(json.dumps({k: rec.get(k) for k in ("name", "ok", "error", "transport")}), flush=True)
@@ -919,6 +920,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-memory-bytes", type=int, default=1 << 30)
     p.add_argument("--variant", default="stock", help=f"{' or '.join(plan.VARIANTS)}")
     p.add_argument("--engine-extra", default="{}", help="JSON merged into LLM(**kwargs)")
+    p.add_argument(
+        "--enable-prefix-caching",
+        action="store_true",
+        help="vLLM's prefix cache (the repeat pass then hits it; not with the fault pass)",
+    )
     p.add_argument("--work", default="/tmp/dcp-gate")
     p.add_argument("--deadline-s", type=float, default=3600.0)
     p.add_argument("--port", type=int, default=29600)

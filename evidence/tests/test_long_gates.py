@@ -94,3 +94,65 @@ def test_the_tensors_do_not_depend_on_max_position_embeddings():
         "keys": ["65536", "1114112"],
         "answer": 31999,
     }
+
+
+# --- prefix caching in a gate run -------------------------------------------------------------
+
+
+def test_prefix_caching_is_off_by_default_and_reaches_the_engine():
+    from gate import plan, worker
+
+    off = plan.GateConfig(name="o", model="m")
+    assert off.enable_prefix_caching is False
+    assert worker.engine_kwargs(off)["enable_prefix_caching"] is False
+    on = plan.GateConfig(
+        name="p", model="m", tp=4, dcp=4, passes=("clean", "repeat"), enable_prefix_caching=True
+    )
+    assert worker.engine_kwargs(on)["enable_prefix_caching"] is True
+    assert plan.GateConfig.from_json(on.to_json()) == on
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (
+            {"tp": 2, "dcp": 2, "passes": ("clean", "fault"), "enable_prefix_caching": True},
+            "needs enable_prefix_caching false",
+        ),
+        ({"enable_prefix_caching": 1}, "must be a bool"),
+        (
+            {
+                "tp": 2,
+                "dcp": 2,
+                "variant": "patched",
+                "backend": "TRITON_MLA_SPARSE_FP8_DS_MLA",
+                "kv_cache_dtype": "auto",
+                "engine_extra": {"dcp_prefill_route": "packed_ckv"},
+            },
+            "kv_cache_dtype must be 'fp8_ds_mla'",
+        ),
+        (
+            {
+                "tp": 2,
+                "dcp": 2,
+                "variant": "patched",
+                "backend": "FLASHINFER_MLA_SPARSE",
+                "kv_cache_dtype": "fp8_ds_mla",
+                "engine_extra": {"dcp_prefill_route": "packed_ckv"},
+            },
+            "valid: TRITON_MLA_SPARSE_FP8_DS_MLA, FLASHMLA_SPARSE",
+        ),
+    ],
+)
+def test_prefix_caching_and_the_packed_route_are_refused_where_they_cannot_run(kw, message):
+    from gate import plan
+
+    with pytest.raises(ValueError, match=message):
+        plan.GateConfig(name="x", model="m", **kw)
+    # the same configurations without the offending setting are accepted
+    fixed = dict(kw)
+    if "enable_prefix_caching" in fixed:
+        fixed["enable_prefix_caching"] = False
+    else:
+        fixed.update(kv_cache_dtype="fp8_ds_mla", backend="FLASHMLA_SPARSE")
+    plan.GateConfig(name="x", model="m", **fixed)
