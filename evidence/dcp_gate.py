@@ -483,6 +483,14 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
             print(f"gate {gate}: no tolerance for noise group {group}", flush=True)
             continue
         sens = _best_sensitivity(runs, ckpt, tol["atol_logprob"], ref_name)
+        options = gate_options(spec)
+        control = None
+        if options["control"] is not None:
+            control = runs.get(options["control"]) or {
+                "name": options["control"],
+                "ok": False,
+                "error": "the control run did not run",
+            }
         result = verdict.gate_result(
             gate,
             ref,
@@ -495,6 +503,8 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
             },
             sens,
             kind,
+            cand_pass=options["cand_pass"],
+            control=control,
         )
         result["command"] = shlex.join([sys.executable, *sys.argv])
         # the runs' revision (what was tested) plus the one that derived the verdict
@@ -522,6 +532,14 @@ def gate_spec(spec: Any) -> tuple[str, str, str]:
     if len(spec) == 3:
         return spec[0], spec[1], spec[2]
     return spec[0], spec[1], "dcp"
+
+
+def gate_options(spec: Any) -> dict[str, Any]:
+    """A suite's gate entry's optional keys (only a dict entry has them): the candidate pass
+    it compares (``cand_pass``, default clean) and the run whose fault pass is its negative
+    control (``control``, default the candidate)."""
+    spec = spec if isinstance(spec, dict) else {}
+    return {"cand_pass": spec.get("cand_pass", "clean"), "control": spec.get("control")}
 
 
 def _ckpt_of(suite: dict[str, Any], run_name: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -156,3 +157,178 @@ def test_prefix_caching_and_the_packed_route_are_refused_where_they_cannot_run(k
     else:
         fixed.update(kv_cache_dtype="fp8_ds_mla", backend="FLASHMLA_SPARSE")
     plan.GateConfig(name="x", model="m", **fixed)
+
+
+# --- a gate's candidate pass and control run --------------------------------------------------
+
+ANSWER = 31999
+
+
+def _prompt(first: int = ANSWER, shift: float = 0.0, cached: int | None = None) -> dict:
+    """One prompt's record: two greedy steps, the first one's log-probs moved by ``shift``
+    (its runner-up: token 9, or the answer when 9 is first)."""
+    second = 9 if first != 9 else ANSWER
+    rec = {
+        "prompt_len": 8,
+        "prompt_sha256": "s",
+        "tokens": [first, 5],
+        "steps": [
+            {"token": first, "top": [[first, -0.1 + shift], [second, -2.5]]},
+            {"token": 5, "top": [[5, -0.2], [9, -3.0]]},
+        ],
+    }
+    if cached is not None:
+        rec["num_cached_tokens"] = cached
+    return rec
+
+
+def _run(name: str, served: dict[str, dict], **config) -> dict:
+    """A finished run record of a needle checkpoint whose answer is ANSWER: ``served`` pass ->
+    prompt key -> record, ``config`` over a TP 4 DCP 4 configuration of the 8-token prompt."""
+    return {
+        "name": name,
+        "ok": True,
+        "config": {"lens": [8], "batch_lens": [], "tp": 4, "dcp": 4, **config},
+        "passes": served,
+        "checkpoint": {"needle": {"needle_id": 7, "answer_logit": 7.0, "answer_id": ANSWER}},
+    }
+
+
+def _verdict(ref: dict, cand: dict, **kw) -> dict:
+    from gate import verdict
+
+    tol = verdict.derive_tolerance({"n": 0.001})
+    sens = {"sufficient": True, "min_first_step_move_lower_bound": 1.0}
+    res = verdict.gate_result("g", ref, cand, tol, {"max_abs_logprob_diff": 0.001}, sens, **kw)
+    assert verdict.validate(res) == []
+    json.dumps(res, allow_nan=False)
+    return res
+
+
+def _prefix_cached(repeat_shift: float, cached: int = 8) -> tuple[dict, dict, dict]:
+    """(reference, prefix-cached candidate, its control): the candidate's clean pass equals the
+    reference, its repeat pass (served from the cache) moves by ``repeat_shift``; the control
+    ran the same engine without the cache and its fault pass moves by 0.5."""
+    ref = _run("ref", {"clean": {"single/8": _prompt()}}, dcp=1)
+    cand = _run(
+        "pc",
+        {
+            "clean": {"single/8": _prompt(cached=0)},
+            "repeat": {"single/8": _prompt(shift=repeat_shift, cached=cached)},
+        },
+        enable_prefix_caching=True,
+        passes=["clean", "repeat"],
+    )
+    control = _run(
+        "plain",
+        {"clean": {"single/8": _prompt()}, "fault": {"single/8": _prompt(shift=0.5)}},
+        enable_prefix_caching=False,
+        passes=["clean", "fault"],
+    )
+    return ref, cand, control
+
+
+def test_a_gate_compares_the_candidate_pass_it_names():
+    """cand_pass "repeat" judges the candidate's repeat pass (the prefix-cache hit), not its
+    clean one, and reports the tokens the cache served."""
+    ref, cand, control = _prefix_cached(repeat_shift=0.0)
+    res = _verdict(ref, cand, cand_pass="repeat", control=control)
+    assert res["cand_pass"] == "repeat" and res["ref_pass"] == "clean"
+    assert res["equivalent"] and res["meaningful"]
+    assert res["prefix_cache"] == {
+        "pass": "repeat",
+        "cached_tokens": {"single/8": 8},
+        "every_prompt_hit": True,
+    }
+    drifted = _prefix_cached(repeat_shift=0.05)
+    assert not _verdict(*drifted[:2], cand_pass="repeat", control=drifted[2])["equivalent"]
+    # the same drifted candidate judged on its clean pass is fine: the pass is what is named
+    assert _verdict(*drifted[:2], control=drifted[2])["equivalent"]
+    missed = _prefix_cached(repeat_shift=0.0, cached=0)
+    res = _verdict(*missed[:2], cand_pass="repeat", control=missed[2])
+    assert res["prefix_cache"]["every_prompt_hit"] is False
+
+
+def test_the_control_run_is_the_negative_control_only_of_the_same_engine():
+    from gate import verdict
+
+    ref, cand, control = _prefix_cached(repeat_shift=0.0)
+    res = _verdict(ref, cand, cand_pass="repeat", control=control)
+    assert res["negative_control"]["control_run"] == "plain"
+    assert res["negative_control_detected"]
+    # without a control the candidate's own (absent) fault pass is used: nothing detected
+    alone = _verdict(ref, cand, cand_pass="repeat")
+    assert not alone["negative_control_detected"] and not alone["meaningful"]
+    other = {**control, "config": {**control["config"], "tp": 2}}
+    res = _verdict(ref, cand, cand_pass="repeat", control=other)
+    assert not res["negative_control_detected"] and not res["meaningful"]
+    assert "differs from the candidate's in ['tp']" in res["negative_control"]["problems"][0]
+    with pytest.raises(ValueError, match="valid: clean, repeat"):
+        _verdict(ref, cand, cand_pass="fault")
+    with pytest.raises(ValueError, match="control run serves gates of kind dcp, dcp_pair"):
+        _verdict(ref, cand, kind="spec", control=control)
+    assert verdict.validate({**_verdict(ref, cand), "cand_pass": "sensitivity"})[-1] == (
+        "cand_pass must be one of clean, repeat"
+    )
+
+
+def _suite(runs: list[dict], gates: dict) -> dict:
+    return {"what": "t", "checkpoints": {"c": []}, "runs": runs, "noise": {}, "gates": gates}
+
+
+RUN = {"model": "@c", "tp": 4, "dcp": 4, "lens": [64], "batch_lens": []}
+PLAIN = {**RUN, "name": "plain", "passes": ["clean", "fault"]}
+PC = {**RUN, "name": "pc", "passes": ["clean", "repeat"], "enable_prefix_caching": True}
+REF = {**RUN, "name": "ref", "dcp": 1, "passes": ["clean"]}
+GOOD = {"ref": "ref", "cand": "pc", "cand_pass": "repeat", "control": "plain"}
+
+
+@pytest.mark.parametrize(
+    "gate, runs, message",
+    [
+        ({**GOOD, "bogus": 1}, None, "unknown keys ['bogus']; valid: ref, cand, kind"),
+        ({**GOOD, "cand_pass": "fault"}, None, "cand_pass 'fault'; valid: clean, repeat"),
+        ({**GOOD, "kind": "spec"}, None, "a control run needs kind dcp or dcp_pair"),
+        ({**GOOD, "control": "pc"}, None, "the control must be a run of its own"),
+        ({**GOOD, "cand": "plain", "control": "pc"}, None, "serves no 'repeat' pass"),
+        (GOOD, [REF, PC, {**PLAIN, "passes": ["clean"]}], "control plain serves no 'fault'"),
+        (GOOD, [REF, PC, {**PLAIN, "tp": 2, "dcp": 2}], "is not the engine of candidate pc"),
+        ({**GOOD, "control": "nowhere"}, None, "control nowhere is a run no suite defines"),
+    ],
+)
+def test_suites_refuse_gates_whose_pass_or_control_cannot_decide(tmp_path, gate, runs, message):
+    from gate import plans
+
+    suite = _suite(runs or [REF, PC, PLAIN], {"g": gate})
+    (tmp_path / "s.json").write_text(json.dumps(suite))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        plans.load_suites(tmp_path)
+    (tmp_path / "s.json").write_text(json.dumps(_suite([REF, PC, PLAIN], {"g": GOOD})))
+    assert plans.load_suites(tmp_path)["s"].gates == {"g": GOOD}
+
+
+def test_report_judges_the_named_pass_against_the_control(tmp_path):
+    """dcp_gate.report reads cand_pass and control from the suite's gate entry: the gate file
+    compares the prefix-cache hit and takes its negative control from the control run."""
+    import dcp_gate
+
+    ref, cand, control = _prefix_cached(repeat_shift=0.0)
+    ref["passes"]["sensitivity"] = {"single/8~p5": _prompt(first=9)}
+    for run in (ref, cand, control):
+        run["config"]["model"] = "/ckpt/c"
+        (tmp_path / "runs").mkdir(exist_ok=True)
+        (tmp_path / "runs" / f"{run['name']}.json").write_text(json.dumps(run))
+    suite = {
+        "runs": [{"name": n, "model": "@c"} for n in ("ref", "pc", "plain")],
+        "noise": {"c: ref repeated": ["c", "ref", "ref", "clean", "clean"]},
+        "gates": {"g": {"ref": "ref", "cand": "pc", "cand_pass": "repeat", "control": "plain"}},
+    }
+    dcp_gate.report(suite, tmp_path, tmp_path / "out")
+    got = json.loads((tmp_path / "out" / "dcp-gate-g.json").read_text())
+    assert got["cand_pass"] == "repeat" and got["prefix_cache"]["every_prompt_hit"]
+    assert got["negative_control"]["control_run"] == "plain"
+    assert got["meaningful"] and got["equivalent"]
+    (tmp_path / "runs" / "plain.json").unlink()  # a control that never ran decides nothing
+    dcp_gate.report(suite, tmp_path, tmp_path / "out")
+    got = json.loads((tmp_path / "out" / "dcp-gate-g.json").read_text())
+    assert not got["negative_control_detected"] and not got["meaningful"]
