@@ -303,6 +303,7 @@ def sensitivity(ref: dict[str, Any], atol: float | None = None) -> dict[str, Any
     if not pert or not clean:
         return {"measured": False}
     rows = {}
+    answer = answer_id(ref)
     for key, rec in pert.items():
         base = clean.get(key.partition("~p")[0])
         if base is None:
@@ -315,6 +316,8 @@ def sensitivity(ref: dict[str, Any], atol: float | None = None) -> dict[str, Any
             "first_token_changed": base["tokens"][0] != rec["tokens"][0],
             "prompt_len": rec.get("prompt_len"),
         }
+        if answer is not None:  # a needle checkpoint: without the needle, no answer
+            rows[key]["answer_absent"] = _first_token(rec) != answer
     common = [r["first_step_max_abs_logprob_diff"] for r in rows.values()]
     bounds = [r["first_step_move_lower_bound"] for r in rows.values()]
     figure = min(bounds) if bounds and not any(math.isnan(b) for b in bounds) else None
@@ -334,6 +337,58 @@ def sensitivity(ref: dict[str, Any], atol: float | None = None) -> dict[str, Any
         out["over_tolerance"] = None if figure is None else figure / atol
         out["sufficient"] = figure is not None and figure >= SENSITIVITY_MARGIN * atol
     return out
+
+
+def answer_id(run: dict[str, Any]) -> int | None:
+    """The answer token of a run's needle checkpoint: the id make_dsa_gate_ckpt.add_answer
+    made the retrieved needle raise (its ``needle`` record in gate_ckpt.json, which
+    dcp_gate.checkpoint_info copies into the run record), when ``answer_logit`` > 0; None
+    for a checkpoint without a needle or without an answer token."""
+    needle = (run.get("checkpoint") or {}).get("needle") or {}
+    logit = needle.get("answer_logit") or 0
+    if not isinstance(logit, (int, float)) or logit <= 0 or needle.get("answer_id") is None:
+        return None
+    return int(needle["answer_id"])
+
+
+def _first_token(rec: dict[str, Any]) -> int | None:
+    return int(rec["tokens"][0]) if rec.get("tokens") else None
+
+
+NEEDLE_RETRIEVAL_NOTE = (
+    "needle checkpoints only: per single prompt, the first generated token against the "
+    "checkpoint's answer token; clean pass (needle at position 5): needle_retrieved iff it is "
+    "the answer; sensitivity pass (needle replaced): answer_absent iff it is not"
+)
+
+
+def needle_retrieval(run: dict[str, Any]) -> dict[str, Any] | None:
+    """Whether a run found the needle, from the first generated token of each single prompt:
+    in its clean pass ``needle_retrieved`` (the token is the checkpoint's answer), in its
+    sensitivity pass, where the needle is replaced, ``answer_absent`` (it is not). None for a
+    checkpoint without an answer token; passes the run did not finish are empty."""
+    answer = answer_id(run)
+    if answer is None:
+        return None
+    done = finished_passes(run)
+    clean = {
+        key: {"first_token": _first_token(rec), "needle_retrieved": _first_token(rec) == answer}
+        for key, rec in sorted((done.get("clean") or {}).items())
+        if key.startswith("single/")
+    }
+    without = {
+        key: {"first_token": _first_token(rec), "answer_absent": _first_token(rec) != answer}
+        for key, rec in sorted((done.get("sensitivity") or {}).items())
+    }
+    return {
+        "answer_id": answer,
+        "clean": clean,
+        "sensitivity": without,
+        "all_retrieved": bool(clean) and all(r["needle_retrieved"] for r in clean.values()),
+        "all_absent_without_needle": (
+            all(r["answer_absent"] for r in without.values()) if without else None
+        ),
+    }
 
 
 def negative_control(ref: dict[str, Any], cand: dict[str, Any], atol: float) -> dict[str, Any]:
@@ -613,6 +668,11 @@ def gate_result(
         "sensitivity": sens,
         "ref_pass": "clean",
         "cand_pass": cand_pass,
+        "needle_retrieval": {
+            "reference": needle_retrieval(ref),
+            "candidate": needle_retrieval(cand),
+            "note": NEEDLE_RETRIEVAL_NOTE,
+        },
         **prefix_cache_report(cand, cand_pass),
         "prompts": cmp["prompts"],
         "prompts_compared": sorted(cmp["prompts"]),
@@ -748,6 +808,33 @@ def validate(result: dict[str, Any]) -> list[str]:
         errors.append("negative_control_detected must be a bool")
     if "cand_pass" in result and result["cand_pass"] not in GATE_CAND_PASSES:
         errors.append(f"cand_pass must be one of {', '.join(GATE_CAND_PASSES)}")
+    if "needle_retrieval" in result:
+        errors += _needle_retrieval_problems(result["needle_retrieval"])
+    return errors
+
+
+def _needle_retrieval_problems(report: Any) -> list[str]:
+    """Schema problems of a gate file's ``needle_retrieval`` (written by gate_result)."""
+    if not isinstance(report, dict) or not {"reference", "candidate"} <= set(report):
+        return ["needle_retrieval must hold 'reference' and 'candidate'"]
+    errors = []
+    for side in ("reference", "candidate"):
+        got = report[side]
+        if got is None:  # a checkpoint without an answer token
+            continue
+        if not isinstance(got, dict) or isinstance(got.get("answer_id"), bool):
+            errors.append(f"needle_retrieval.{side} must be null or a report")
+            continue
+        if not isinstance(got.get("answer_id"), int):
+            errors.append(f"needle_retrieval.{side}.answer_id must be an int")
+        for pass_name, flag in (("clean", "needle_retrieved"), ("sensitivity", "answer_absent")):
+            rows = got.get(pass_name)
+            if not isinstance(rows, dict) or not all(
+                isinstance(r, dict) and isinstance(r.get(flag), bool) for r in rows.values()
+            ):
+                errors.append(f"needle_retrieval.{side}.{pass_name} rows need a bool {flag!r}")
+        if not isinstance(got.get("all_retrieved"), bool):
+            errors.append(f"needle_retrieval.{side}.all_retrieved must be a bool")
     return errors
 
 

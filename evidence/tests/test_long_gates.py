@@ -332,3 +332,105 @@ def test_report_judges_the_named_pass_against_the_control(tmp_path):
     dcp_gate.report(suite, tmp_path, tmp_path / "out")
     got = json.loads((tmp_path / "out" / "dcp-gate-g.json").read_text())
     assert not got["negative_control_detected"] and not got["meaningful"]
+
+
+# --- needle retrieval ---------------------------------------------------------------------------
+
+
+def _needle_runs(cand_first: int = ANSWER) -> tuple[dict, dict]:
+    """A reference that retrieved the needle (and lost the answer without it) and a candidate
+    whose first token is ``cand_first``; both serve one single prompt and a batch prompt."""
+    ref = _run(
+        "ref",
+        {
+            "clean": {"single/8": _prompt(), "batch/0/8": _prompt(first=9)},
+            "sensitivity": {"single/8~p5": _prompt(first=9)},
+        },
+        dcp=1,
+    )
+    cand = _run(
+        "cand",
+        {
+            "clean": {"single/8": _prompt(first=cand_first), "batch/0/8": _prompt(first=9)},
+            "fault": {"single/8": _prompt(first=9)},
+        },
+    )
+    return ref, cand
+
+
+def test_needle_retrieval_reads_the_first_token_of_each_single_prompt():
+    from gate import verdict
+
+    ref, cand = _needle_runs()
+    got = verdict.needle_retrieval(ref)
+    assert got == {
+        "answer_id": ANSWER,
+        "clean": {"single/8": {"first_token": ANSWER, "needle_retrieved": True}},
+        "sensitivity": {"single/8~p5": {"first_token": 9, "answer_absent": True}},
+        "all_retrieved": True,
+        "all_absent_without_needle": True,
+    }
+    lost = verdict.needle_retrieval(_needle_runs(cand_first=9)[1])
+    assert lost["clean"]["single/8"] == {"first_token": 9, "needle_retrieved": False}
+    assert lost["all_retrieved"] is False and lost["all_absent_without_needle"] is None
+    kept = {**ref, "passes": {**ref["passes"], "sensitivity": {"single/8~p5": _prompt()}}}
+    assert verdict.needle_retrieval(kept)["all_absent_without_needle"] is False
+    # no answer token: a checkpoint without a needle, or a needle without add_answer (the
+    # knob's default 31999.0 stays in the record with answer_logit 0)
+    assert verdict.needle_retrieval({**ref, "checkpoint": {}}) is None
+    no_answer = {"needle": {"needle_id": 7, "answer_logit": 0.0, "answer_id": 31999.0}}
+    assert verdict.needle_retrieval({**ref, "checkpoint": no_answer}) is None
+    unfinished = {**ref, "ok": False, "passes_complete": []}
+    assert verdict.needle_retrieval(unfinished)["clean"] == {}
+
+
+def test_the_gate_file_reports_both_runs_retrieval_and_keeps_every_other_verdict():
+    """needle_retrieval is added for the reference and the candidate; no other field of the
+    gate file changes with it (the same records without a checkpoint record judge alike)."""
+    ref, cand = _needle_runs(cand_first=ANSWER)
+    res = _verdict(ref, cand)
+    assert res["needle_retrieval"]["reference"]["all_retrieved"]
+    assert res["needle_retrieval"]["candidate"]["clean"]["single/8"]["needle_retrieved"]
+    assert res["needle_retrieval"]["candidate"]["sensitivity"] == {}
+    bare = _verdict(*({**r, "checkpoint": None} for r in (ref, cand)))
+    assert bare["needle_retrieval"]["reference"] is bare["needle_retrieval"]["candidate"] is None
+    drop = ("needle_retrieval", "checkpoint")
+    assert {k: v for k, v in res.items() if k not in drop} == {
+        k: v for k, v in bare.items() if k not in drop
+    }
+
+
+def test_sensitivity_rows_say_whether_the_answer_left_with_the_needle():
+    from gate import verdict
+
+    ref, _ = _needle_runs()
+    rows = verdict.sensitivity(ref, atol=0.01)["per_prompt"]
+    assert rows["single/8~p5"]["answer_absent"] is True
+    assert (
+        "answer_absent"
+        not in verdict.sensitivity({**ref, "checkpoint": {}})["per_prompt"]["single/8~p5"]
+    )
+
+
+@pytest.mark.parametrize(
+    "mangle, message",
+    [
+        (lambda n: n.pop("candidate"), "must hold 'reference' and 'candidate'"),
+        (lambda n: n["reference"].update(answer_id="31999"), "answer_id must be an int"),
+        (
+            lambda n: n["reference"]["clean"]["single/8"].update(needle_retrieved=1),
+            "clean rows need a bool 'needle_retrieved'",
+        ),
+        (
+            lambda n: n["reference"]["sensitivity"]["single/8~p5"].pop("answer_absent"),
+            "sensitivity rows need a bool 'answer_absent'",
+        ),
+        (lambda n: n.update(reference=[]), "must be null or a report"),
+    ],
+)
+def test_validate_checks_the_needle_report(mangle, message):
+    from gate import verdict
+
+    res = _verdict(*_needle_runs())
+    mangle(res["needle_retrieval"])
+    assert any(message in e for e in verdict.validate(res)), verdict.validate(res)
