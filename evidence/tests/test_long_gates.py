@@ -434,3 +434,103 @@ def test_validate_checks_the_needle_report(mangle, message):
     res = _verdict(*_needle_runs())
     mangle(res["needle_retrieval"])
     assert any(message in e for e in verdict.validate(res)), verdict.validate(res)
+
+
+# --- the KV-cache and time budget (gate/budget.py) --------------------------------------------
+
+
+def test_kv_bytes_per_token_follow_vllm_034s_layouts():
+    """A 656-byte fp8_ds_mla record (1152 bf16 bytes) on every layer, a 132-byte indexer key
+    on every layer that builds an indexer: glm's 4 layers have 3 ("shared" reuses), v32's 4."""
+    from gate import budget
+
+    glm, v32 = ck.make_config("glm"), ck.make_config("v32")
+    assert budget.indexer_layers(glm) == 3 and budget.indexer_layers(v32) == 4
+    assert budget.kv_bytes_per_token(glm, "fp8_ds_mla") == 4 * 656 + 3 * 132 == 3020
+    assert budget.kv_bytes_per_token(v32, "fp8_ds_mla") == 4 * (656 + 132)
+    assert budget.kv_bytes_per_token(glm, "auto") == 4 * 1152 + 3 * 132
+    with pytest.raises(ValueError, match="valid: fp8_ds_mla, auto"):
+        budget.kv_bytes_per_token(glm, "fp8")
+    # 1/DCP of the tokens, whole 64-token blocks; the plan adds 20 % and rounds up to MiB
+    assert budget.kv_cache_bytes_needed(glm, "fp8_ds_mla", 64 * 4 + 1, 4) == 2 * 64 * 3020
+    assert budget.kv_cache_bytes_needed(glm, "fp8_ds_mla", 131104, 1) == 2049 * 64 * 3020
+    need = budget.kv_cache_bytes_needed(glm, "fp8_ds_mla", 131104, 4)
+    planned = budget.kv_cache_bytes_planned(glm, "fp8_ds_mla", 131104, 4)
+    assert planned % budget.MIB == 0 and 1.2 * need <= planned < 1.2 * need + budget.MIB
+
+
+def _cfg(tp: int, dcp: int, route: str = "query", rows: int = 8192, **kw):
+    from gate import plan
+
+    extra = {"dcp_prefill_route": route} if route != "query" else {}
+    return plan.GateConfig(
+        name="x",
+        model="m",
+        tp=tp,
+        dcp=dcp,
+        lens=(131072,),
+        batch_lens=(),
+        max_model_len=131104,
+        max_num_batched_tokens=rows,
+        backend="TRITON_MLA_SPARSE_FP8_DS_MLA",
+        kv_cache_dtype="fp8_ds_mla",
+        variant="patched",
+        engine_extra=extra,
+        **kw,
+    )
+
+
+def test_the_indexer_work_and_the_wire_bytes_scale_as_the_model_says():
+    """TP 4 DCP 1 scores the whole context on every rank (4x TP 1's flop), DCP 4 splits it
+    (TP 1's flop); the query route's bytes are patch 0007's figure for GLM-5 at TP 4 DCP 4
+    (817.5 MiB per rank and layer for an 8192-row step), the packed route's its 3.8 MiB at 8k
+    context and 61.5 MiB at 128k, and the packed route is taken only where it moves less."""
+    from gate import budget
+
+    glm = ck.make_config("glm")
+    one = budget.chunk_cost(glm, _cfg(1, 1), 8192, 65536)
+    assert one["socket_bytes"] == 0 and one["route"] is None
+    assert budget.chunk_cost(glm, _cfg(4, 1), 8192, 65536)["flop"] == 4 * one["flop"]
+    assert budget.chunk_cost(glm, _cfg(4, 4), 8192, 65536)["flop"] == pytest.approx(one["flop"])
+    assert one["flop"] == 3 * 2 * 64 * 128 * 8192 * (65536 - 4096)
+    assert budget.query_route_bytes(8192, 16, 4, "a2a") == 817.5 * budget.MIB
+    assert budget.packed_route_bytes(8192, 4) / budget.MIB == pytest.approx(3.84, abs=0.01)
+    assert budget.packed_route_bytes(131072, 4) / budget.MIB == pytest.approx(61.5, abs=0.01)
+    assert budget.chunk_cost(glm, _cfg(4, 4, "packed_ckv"), 8192, 131072)["route"] == "packed_ckv"
+    # a long context with a short step: the records outweigh the queries, the query route wins
+    assert budget.chunk_cost(glm, _cfg(4, 4, "packed_ckv"), 64, 131072)["route"] == "query"
+    assert budget.comm_backend(glm) == "a2a" and budget.comm_backend(ck.make_config("v32")) == (
+        "ag_rs"
+    )
+
+
+def test_a_prefix_cache_hit_recomputes_only_the_tail_and_batches_are_refused():
+    from gate import budget
+
+    glm = ck.make_config("glm")
+    hit = _cfg(4, 4, passes=("clean", "repeat"), enable_prefix_caching=True)
+    miss = _cfg(4, 4, passes=("clean", "repeat"))
+    assert budget.cached_prefix(hit, 131072) == 131072 - 256  # short of the last 256-token span
+    est_hit, est_miss = budget.run_estimate(glm, hit), budget.run_estimate(glm, miss)
+    assert est_hit["passes_s"]["clean"] == est_miss["passes_s"]["clean"]
+    assert est_hit["passes_s"]["repeat"] < est_miss["passes_s"]["repeat"] / 3
+    from gate import plan
+
+    with pytest.raises(ValueError, match="single prompts only"):
+        budget.run_estimate(glm, plan.GateConfig(name="b", model="m"))
+
+
+def test_the_socket_rate_is_the_committed_records_calibration():
+    """The H100 model's socket rate and step cost are what the committed TP 2 DCP 2 run record
+    implies (its 1024- and 8192-token prompts' first-token latencies), within 5 %."""
+    from gate import budget
+
+    record = json.loads(
+        (
+            EVIDENCE.parent
+            / "results/dcp-gate-runs/base034-ledger/runs/p-glmn-tp2-dcp2-noledger.json"
+        ).read_text()
+    )
+    got = budget.socket_calibration(record)
+    assert got["socket_bytes_s"] == pytest.approx(budget.H100.socket_bytes_s, rel=0.05)
+    assert got["step_overhead_s"] == pytest.approx(budget.H100.step_overhead_s, rel=0.05)
