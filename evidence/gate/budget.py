@@ -28,7 +28,10 @@ context ``c`` costs, summed over all ranks of the run (they share one GPU and th
 
 With the prefix cache on, a repeat prefill computes only the part past the cached blocks.
 
-    python evidence/gate/budget.py --suites long        # one row per run, markdown
+With several runs at once the queue's wall time lies between the longest run and their sum;
+``queue_estimate`` schedules them as the launcher does and shares the GPU and the sockets.
+
+    python evidence/gate/budget.py --suites long --max-ranks 9    # one row per run, markdown
 """
 
 from __future__ import annotations
@@ -194,16 +197,19 @@ def prefill_estimate(
         logits += c["logits_bytes"]
         sockets += c["socket_bytes"]
         routes.add(c["route"])
-    seconds = flop / m.indexer_flops + logits / m.hbm_bytes_s + sockets / m.socket_bytes_s
-    if cfg.world_size > 1:
-        seconds += steps * m.step_overhead_s
+    gpu_s = flop / m.indexer_flops + logits / m.hbm_bytes_s
+    socket_s = sockets / m.socket_bytes_s
+    fixed_s = steps * m.step_overhead_s if cfg.world_size > 1 else 0.0
     return {
         "steps": steps,
         "indexer_flop": flop,
         "logits_bytes": logits,
         "socket_bytes": sockets,
         "routes": sorted(r for r in routes if r),
-        "seconds": seconds,
+        "gpu_s": gpu_s,
+        "socket_s": socket_s,
+        "fixed_s": fixed_s,
+        "seconds": gpu_s + socket_s + fixed_s,
     }
 
 
@@ -225,18 +231,24 @@ def run_estimate(ckpt: dict[str, Any], cfg: plan.GateConfig, m: Machine = H100) 
             f"valid: {', '.join(map(str, sorted(m.decode_step_s)))}"
         )
     passes = {}
+    parts = {"gpu_s": 0.0, "socket_s": 0.0, "fixed_s": 0.0}
     for pass_name in cfg.passes:
         seconds = 0.0
         for keys in plan.pass_groups(cfg, pass_name):
             length = int(keys[0].split("/")[1].partition("~")[0])
             hit = pass_name == "repeat" and cfg.enable_prefix_caching
             cached = cached_prefix(cfg, length) if hit else 0
-            seconds += prefill_estimate(ckpt, cfg, length, cached, m)["seconds"]
-            seconds += cfg.max_tokens * m.decode_step_s[cfg.world_size]
+            prefill = prefill_estimate(ckpt, cfg, length, cached, m)
+            decode = cfg.max_tokens * m.decode_step_s[cfg.world_size]
+            seconds += prefill["seconds"] + decode
+            for part in ("gpu_s", "socket_s"):
+                parts[part] += prefill[part]
+            parts["fixed_s"] += prefill["fixed_s"] + decode
         passes[pass_name] = seconds
     return {
         "engine_start_s": m.engine_start_s,
         "passes_s": passes,
+        "parts": parts,  # where the passes' time goes: the GPU, the sockets, neither
         "total_s": m.engine_start_s + sum(passes.values()),
     }
 
@@ -259,25 +271,88 @@ def suite_rows(suite: dict[str, Any], m: Machine = H100) -> list[dict[str, Any]]
                 "kv_per_rank": cfg.kv_cache_memory_bytes,
                 "kv_needed": kv_cache_bytes_needed(ckpt, dtype, cfg.max_model_len, cfg.dcp),
                 "seconds": round(est["total_s"]),
+                "warmup": cfg.warmup,
+                "parts": est["parts"],
             }
         )
     return rows
 
 
-def markdown(rows: list[dict[str, Any]]) -> list[str]:
-    """The rows as the README's table (KV in MiB; time in seconds, start included)."""
+def queue_estimate(
+    rows: list[dict[str, Any]],
+    max_ranks: int,
+    m: Machine = H100,
+    cold_start_s: float = 300.0,
+    warmup_hold_s: float = 240.0,
+    step_s: float = 1.0,
+) -> dict[str, float]:
+    """When each run of a queue (suite_rows, in queue order) would end, started as
+    dcp_gate.run_many starts them: in order, while the ranks fit ``max_ranks``, the others
+    held back until the warm-up engines are up (or ``warmup_hold_s``). The engines that start
+    before any is up take ``cold_start_s`` (JIT caches), later ones ``m.engine_start_s``. Runs
+    beside each other share the GPU and the sockets: a run spends the share ``gpu_s / work``
+    of its work on the GPU, which takes n times as long while n runs use it, likewise the
+    sockets; the rest (decode steps, step costs) is not shared."""
+    if max_ranks < max((r["ranks"] for r in rows), default=1):
+        raise ValueError(f"max_ranks {max_ranks} is below a run's ranks")
+    pending = [dict(r) for r in rows]
+    active: list[dict[str, Any]] = []
+    ends: dict[str, float] = {}
+    t, any_up = 0.0, False
+    while pending or active:
+        while pending:
+            warming = t < warmup_hold_s and any(a["warmup"] and a["starting"] > 0 for a in active)
+            busy = sum(a["ranks"] for a in active)
+            if (active and busy + pending[0]["ranks"] > max_ranks) or (
+                warming and not pending[0]["warmup"]
+            ):
+                break
+            run = pending.pop(0)
+            run["starting"] = m.engine_start_s if any_up else cold_start_s
+            run["left"] = sum(run["parts"].values())
+            active.append(run)
+        working = [a for a in active if a["starting"] <= 0]
+        users = {
+            part: sum(1 for a in working if a["parts"][part] > 0) for part in ("gpu_s", "socket_s")
+        }
+        for a in active:
+            if a["starting"] > 0:
+                a["starting"] -= step_s
+                continue
+            work = sum(a["parts"].values())
+            slowdown = (
+                sum(a["parts"][p] * max(users.get(p, 1), 1) for p in a["parts"]) / work
+                if work
+                else 1.0
+            )
+            a["left"] -= step_s / slowdown
+        t += step_s
+        for a in list(active):
+            if a["starting"] <= 0:
+                any_up = True
+                if a["left"] <= 0:
+                    ends[a["run"]] = t
+                    active.remove(a)
+    return ends
+
+
+def markdown(rows: list[dict[str, Any]], max_ranks: int) -> list[str]:
+    """The rows as the README's table: KV in MiB; each run's time alone (a warm start
+    included) and when it would end in the queue at ``max_ranks`` (queue_estimate)."""
+    ends = queue_estimate(rows, max_ranks)
     out = [
-        "| run | ranks | prompt | passes | KV per rank (needed), MiB | estimate, s |",
-        "|---|---|---|---|---|---|",
+        "| run | ranks | prompt | passes | KV per rank (needed), MiB | alone, s | "
+        f"ends in the queue (`--max-ranks {max_ranks}`), s |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
             f"| `{r['run']}` | {r['ranks']} | {r['prompt']:,} | {', '.join(r['passes'])} | "
             f"{r['kv_per_rank'] // MIB:,} ({math.ceil(r['kv_needed'] / MIB):,}) | "
-            f"{r['seconds']:,} |"
+            f"{r['seconds']:,} | {round(ends[r['run']]):,} |"
         )
     total = sum(r["seconds"] for r in rows)
-    out.append(f"| all, one after another | | | | | {total:,} |")
+    out.append(f"| all | | | | | {total:,} | {round(max(ends.values())):,} |")
     return out
 
 
@@ -304,13 +379,26 @@ def main(argv: list[str] | None = None) -> int:
     from gate import plans
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--suites", default="long", help=f"a queue ({', '.join(plans.QUEUES)})")
+    ap.add_argument(
+        "--suites",
+        default="long",
+        help=f"a queue ({', '.join(plans.QUEUES)}) or comma-separated suites, run as one queue",
+    )
+    ap.add_argument("--max-ranks", type=int, default=9, help="as dcp_gate.py start takes it")
     ap.add_argument("--json", action="store_true", help="the rows as JSON")
     args = ap.parse_args(argv)
-    if args.suites not in plans.QUEUES:
-        raise SystemExit(f"unknown queue {args.suites!r}; valid: {', '.join(plans.QUEUES)}")
-    rows = suite_rows(plans.merge_suites([plans.SUITES[n] for n in plans.QUEUES[args.suites]]))
-    print(json.dumps(rows, indent=1) if args.json else "\n".join(markdown(rows)))
+    names = plans.QUEUES.get(args.suites) or args.suites.split(",")
+    unknown = [n for n in names if n not in plans.SUITES]
+    if unknown:
+        raise SystemExit(
+            f"unknown suites {unknown}; valid: a queue ({', '.join(plans.QUEUES)}) or suites"
+        )
+    rows = suite_rows(plans.merge_suites([plans.SUITES[n] for n in names]))
+    if args.json:
+        ends = queue_estimate(rows, args.max_ranks)
+        print(json.dumps([{**r, "ends_in_queue": round(ends[r["run"]])} for r in rows], indent=1))
+    else:
+        print("\n".join(markdown(rows, args.max_ranks)))
     return 0
 
 

@@ -186,6 +186,9 @@ NEEDLE_CKPTS: dict[str, list[str]] = _CKPTS["needle"]
 MTP_ACCEPT_CKPT: list[str] = _CKPTS["mtp_accept"]
 """The checkpoint whose MTP draft retrieves the answer through its own attention (glmnm)."""
 CALIBRATE_GAINS: tuple[str, ...] = tuple(_CKPTS["calibrate_o_gains"])
+LONG_CKPTS: dict[str, list[str]] = _CKPTS["long"]
+"""The long-prompt gates' checkpoints: a needle checkpoint's arguments plus a
+--max-position-embeddings that a 1M-token prompt fits under."""
 
 
 def merge_suites(suites: list[dict[str, Any]]) -> dict[str, Any]:

@@ -520,6 +520,37 @@ def test_a_prefix_cache_hit_recomputes_only_the_tail_and_batches_are_refused():
         budget.run_estimate(glm, plan.GateConfig(name="b", model="m"))
 
 
+def _load(name: str, ranks: int = 1, gpu: float = 0, sockets: float = 0, warmup=False) -> dict:
+    return {
+        "run": name,
+        "ranks": ranks,
+        "warmup": warmup,
+        "parts": {"gpu_s": gpu, "socket_s": sockets, "fixed_s": 0.0},
+    }
+
+
+def test_the_queue_estimate_starts_runs_as_the_launcher_does_and_shares_what_they_share():
+    """Runs start in order while their ranks fit; the first engines start cold, later ones
+    warm; two runs on the GPU take twice as long, a GPU run beside a socket run does not;
+    the rest waits for the warm-up engine."""
+    from gate import budget
+
+    kw = {"cold_start_s": 10, "warmup_hold_s": 0}
+    two = [_load("a", gpu=100), _load("b", gpu=100)]
+    assert budget.queue_estimate(two, 2, **kw) == {"a": 210, "b": 210}
+    warm = budget.H100.engine_start_s
+    assert budget.queue_estimate(two, 1, **kw) == {"a": 110, "b": 110 + warm + 100}
+    mixed = [_load("a", gpu=100), _load("b", sockets=100)]
+    assert budget.queue_estimate(mixed, 2, **kw) == {"a": 110, "b": 110}
+    big = [_load("a", ranks=4, sockets=50), _load("b", gpu=50)]
+    assert budget.queue_estimate(big, 4, **kw) == {"a": 60, "b": 60 + warm + 50}
+    held = [_load("w", gpu=5, warmup=True), _load("b", sockets=5)]
+    got = budget.queue_estimate(held, 2, cold_start_s=10, warmup_hold_s=100)
+    assert got == {"w": 15, "b": 10 + warm + 5}  # b starts once w's engine is up, warm
+    with pytest.raises(ValueError, match="below a run's ranks"):
+        budget.queue_estimate(big, 2)
+
+
 def test_the_socket_rate_is_the_committed_records_calibration():
     """The H100 model's socket rate and step cost are what the committed TP 2 DCP 2 run record
     implies (its 1024- and 8192-token prompts' first-token latencies), within 5 %."""
@@ -534,3 +565,180 @@ def test_the_socket_rate_is_the_committed_records_calibration():
     got = budget.socket_calibration(record)
     assert got["socket_bytes_s"] == pytest.approx(budget.H100.socket_bytes_s, rel=0.05)
     assert got["step_overhead_s"] == pytest.approx(budget.H100.step_overhead_s, rel=0.05)
+
+
+# --- the long suites ----------------------------------------------------------------------------
+
+LONG = ("long-128k-dcp4", "long-1m-dcp4", "long-256k-dcp4", "long-v32n-128k-dcp4")
+
+
+def _long_runs() -> dict[str, tuple[str, dict]]:
+    from gate import plans
+
+    return {r["name"]: (n, r) for n in LONG for r in plans.SUITES[n]["runs"]}
+
+
+def test_the_long_checkpoints_are_needle_checkpoints_with_a_1m_position_table():
+    from gate import plans
+
+    for name, base in (("glmn1m", "glmn"), ("v32n1m", "v32n")):
+        argv = plans.LONG_CKPTS[name]
+        assert argv == [*plans.NEEDLE_CKPTS[base], "--max-position-embeddings", "1114112"]
+        cfg = ck.make_config(*[argv[argv.index("--arch") + 1]], max_position_embeddings=1114112)
+        assert cfg["max_position_embeddings"] >= 1_048_576 + 64
+    every = {n: s["checkpoints"] for n, s in plans.SUITES.items() if n in LONG}
+    assert {k for c in every.values() for k in c} == {"glmn1m", "v32n1m"}
+    assert all(c[k] == plans.LONG_CKPTS[k] for c in every.values() for k in c)
+
+
+def test_every_run_fits_its_checkpoints_position_table():
+    """vLLM refuses a max_model_len above max_position_embeddings: no run of any suite asks
+    for one (every run's checkpoint config computed from its arguments)."""
+    from gate import budget, plan, plans
+
+    for name, suite in plans.SUITES.items():
+        for run in suite["runs"]:
+            argv = suite["checkpoints"].get(run["model"].removeprefix("@"))
+            if argv is None:
+                continue
+            cfg = plan.GateConfig.from_json(run)
+            limit = budget.checkpoint_config(argv)["max_position_embeddings"]
+            assert cfg.max_model_len <= limit, (name, run["name"])
+
+
+def test_each_long_run_reserves_its_planned_kv_pool_and_serves_one_prompt():
+    """Every long run: one single prompt and no batch, max_model_len exactly the prompt plus
+    its generated tokens, the KV pool budget.kv_cache_bytes_planned gives for its checkpoint,
+    the patched tree, eager, the V2 runner, and the default GPU memory utilization."""
+    from gate import budget, plan, plans
+
+    for run_name, (suite, run) in _long_runs().items():
+        cfg = plan.GateConfig.from_json(run)
+        ckpt = budget.checkpoint_config(plans.LONG_CKPTS[run["model"].removeprefix("@")])
+        assert len(cfg.lens) == 1 and cfg.batch_lens == () and not cfg.graphs, run_name
+        assert cfg.max_model_len == cfg.lens[0] + cfg.max_tokens, run_name
+        assert cfg.kv_cache_memory_bytes == budget.kv_cache_bytes_planned(
+            ckpt, cfg.kv_cache_dtype, cfg.max_model_len, cfg.dcp
+        ), run_name
+        assert "gpu_memory_utilization" not in run and "kv_cache_memory_bytes" in run
+        assert cfg.variant == "patched" and cfg.env == {"VLLM_USE_V2_MODEL_RUNNER": "1"}
+        assert cfg.lens[0] in (131072, 262144, 1048576) and suite.split("-")[1] in run_name
+
+
+def test_each_long_suite_decides_its_gates_alone():
+    """Each long suite, run alone, runs both sides of every gate and noise pair, a sensitivity
+    pass on its checkpoint and a fault pass in every DCP > 1 candidate or its control; its
+    gates are named for the release and judged against their checkpoint's one noise group; a
+    run name shared by two long suites means the same run."""
+    import dcp_gate
+    from gate import plans
+
+    for name in LONG:
+        suite = plans.SUITES[name]
+        runs = {r["name"]: r for r in suite["runs"]}
+        for gate, spec in suite["gates"].items():
+            ref, cand, kind = dcp_gate.gate_spec(spec)
+            control = dcp_gate.gate_options(spec)["control"] or cand
+            assert {ref, cand, control} <= set(runs), (name, gate)
+            assert "fault" in runs[control]["passes"], (name, gate)
+            assert gate.endswith("-0.34.0") and kind in ("dcp", "dcp_pair"), (name, gate)
+            assert spec["noise"] == runs[ref]["model"].removeprefix("@") + "/patched", gate
+        for label, pair in suite["noise"].items():
+            assert set(pair[1:3]) <= set(runs) and pair[0] in label, (name, label)
+        assert any("sensitivity" in r["passes"] for r in runs.values()), name
+    for run_name, (suite, run) in _long_runs().items():
+        for other in LONG:
+            twin = {r["name"]: r for r in plans.SUITES[other]["runs"]}.get(run_name)
+            assert twin in (None, run), (run_name, suite, other)
+
+
+def test_the_long_queue_runs_the_cheap_references_first_and_the_1m_gate_second():
+    """The queue: the 128k suite (the checkpoint's noise floor and sensitivity, and the first
+    DCP = 4 gate), then the 1M prompt, then 256k, then V3.2 at 128k; one warm-up run (the TP 1
+    128k reference); the 1M candidate on the packed-CKV route; the prefix-cache gate compares
+    the cached repeat; FlashMLA-sparse at TP 4 (16 local heads)."""
+    import dcp_gate
+    from gate import plans
+
+    assert plans.QUEUES["long"] == list(LONG)
+    q = plans.merge_suites([plans.SUITES[n] for n in LONG])
+    order = [r["name"] for r in q["runs"]]
+    assert [r["name"] for r in q["runs"] if r.get("warmup")] == ["p-glmn1m-tp1-dcp1-128k"]
+    assert order[:3] == [
+        "p-glmn1m-tp1-dcp1-128k",
+        "p-glmn1m-tp4-dcp1-128k",
+        "p-glmn1m-tp4-dcp4-128k",
+    ]
+    assert order[3:5] == ["p-glmn1m-tp1-dcp1-1m", "p-glmn1m-tp4-dcp4-1m-ckv"]
+    assert order[-3:] == [f"p-v32n1m-tp{t}-dcp{d}-128k" for t, d in ((1, 1), (4, 1), (4, 4))]
+    runs = {r["name"]: r for r in q["runs"]}
+    assert runs["p-glmn1m-tp4-dcp4-1m-ckv"]["engine_extra"] == {"dcp_prefill_route": "packed_ckv"}
+    pc = q["gates"]["p-glmn1m-tp4-dcp4-256k-prefixcache-0.34.0"]
+    assert dcp_gate.gate_options(pc) == {"cand_pass": "repeat", "control": "p-glmn1m-tp4-dcp4-256k"}
+    assert runs[pc["cand"]]["enable_prefix_caching"] and "repeat" in runs[pc["cand"]]["passes"]
+    flashmla = runs["p-glmn1m-tp4-dcp4-256k-flashmla"]
+    assert flashmla["backend"] == "FLASHMLA_SPARSE" and flashmla["tp"] == flashmla["dcp"] == 4
+
+
+def test_each_long_suite_states_the_estimate_the_budget_gives():
+    """Each suite's `what` ends with its runs' estimated minutes, one after another, as
+    budget.suite_rows computes them now; every run's estimate stays within a 10-minute call."""
+    from gate import budget, plans
+
+    for name in LONG:
+        rows = budget.suite_rows(plans.SUITES[name])
+        minutes = round(sum(r["seconds"] for r in rows) / 60)
+        what = plans.SUITE_RECORDS[name].what
+        assert what.endswith(
+            f"estimate {minutes} min for its runs one after another on one H100 "
+            "(evidence/gate/budget.py)"
+        ), name
+        assert all(r["seconds"] <= 600 for r in rows), name
+
+
+def test_the_budget_command_prints_a_queues_runs(capsys):
+    from gate import budget
+
+    assert budget.main(["--suites", "long", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["run"] for r in rows][:2] == ["p-glmn1m-tp1-dcp1-128k", "p-glmn1m-tp4-dcp1-128k"]
+    with pytest.raises(SystemExit, match=r"unknown suites \['longer'\]; valid: a queue \(.*long"):
+        budget.main(["--suites", "longer"])
+    assert budget.main(["--suites", "long-128k-dcp4,long-1m-dcp4", "--max-ranks", "5"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert "`--max-ranks 5`" in table[0] and len(table) == 2 + 5 + 1  # R1-R3, M1, M2, total
+
+
+def test_the_status_table_names_what_a_long_gate_compares():
+    """The README's status table reads checkpoint, TP, DCP and subject from a gate's name: the
+    long gates parse, and their prompt length follows the subject."""
+    import results_tables
+    from gate import plans
+
+    got = {}
+    for name in LONG:
+        for gate in plans.SUITES[name]["gates"]:
+            m = results_tables._GATE_NAME.match(gate)
+            assert m and m["tp"] == m["dcp"] == "4", gate
+            got[gate] = results_tables._gate_subject(m["rest"])
+    assert got == {
+        "p-glmn1m-tp4-dcp4-128k-triton_mla_sparse_fp8_ds_mla-0.34.0": (
+            "DCP vs DCP = 1 (128k prompt)"
+        ),
+        "p-glmn1m-tp4-dcp4-1m-ckv-0.34.0": "packed-CKV prefill route vs DCP = 1 (1M prompt)",
+        "p-glmn1m-tp4-dcp4-256k-ckv-0.34.0": "packed-CKV prefill route vs DCP = 1 (256k prompt)",
+        "p-glmn1m-tp4-dcp4-256k-triton_mla_sparse_fp8_ds_mla-0.34.0": (
+            "DCP vs DCP = 1 (256k prompt)"
+        ),
+        "p-glmn1m-tp4-dcp4-256k-ckv-vs-query-0.34.0": (
+            "packed-CKV route vs query route (256k prompt)"
+        ),
+        "p-glmn1m-tp4-dcp4-256k-prefixcache-0.34.0": "prefix-cache hit vs DCP = 1 (256k prompt)",
+        "p-glmn1m-tp4-dcp4-256k-flashmla_sparse-0.34.0": "DCP vs DCP = 1 (256k prompt)",
+        "p-v32n1m-tp4-dcp4-128k-triton_mla_sparse_fp8_ds_mla-0.34.0": (
+            "DCP vs DCP = 1 (128k prompt)"
+        ),
+    }
+    assert results_tables._gate_subject("32k-triton_mla_sparse_fp8_ds_mla") == (
+        "DCP vs DCP = 1 (32k prompt)"
+    )
