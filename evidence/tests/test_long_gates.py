@@ -742,3 +742,13 @@ def test_the_status_table_names_what_a_long_gate_compares():
     assert results_tables._gate_subject("32k-triton_mla_sparse_fp8_ds_mla") == (
         "DCP vs DCP = 1 (32k prompt)"
     )
+
+
+def test_the_readme_shows_the_budgets_table():
+    """evidence/README.md's long-suite table is what `python evidence/gate/budget.py --suites
+    long` prints (regenerate it with that command when a suite or the model changes)."""
+    from gate import budget, plans
+
+    rows = budget.suite_rows(plans.merge_suites([plans.SUITES[n] for n in LONG]))
+    table = "\n".join(budget.markdown(rows, max_ranks=9))
+    assert table in (EVIDENCE / "README.md").read_text()
