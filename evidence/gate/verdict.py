@@ -556,7 +556,7 @@ def gate_result(
         if missing:
             cmp["problems"].append(f"candidate did not serve {missing}")
             cmp["equivalent"] = False
-    extra: dict[str, Any] = {"gate_kind": kind, "compares": GATE_KIND_NOTES[kind]}
+    extra: dict[str, Any] = {"gate_kind": kind, "compares": compares_note(kind, ref, cand)}
     equivalent = cmp["equivalent"]
     neg_atol = atol
     if kind == "wire":
@@ -686,6 +686,20 @@ def gate_result(
         "meaningful": sufficient and neg["detected"],
         "timing_label": cand.get("transport"),
     }
+
+
+def compares_note(kind: str, ref: dict[str, Any], cand: dict[str, Any]) -> str:
+    """GATE_KIND_NOTES[kind], and for a DCP gate whose reference runs at another TP (a TP 1
+    reference of a long prompt, the cheapest), what that adds to the comparison."""
+    note = GATE_KIND_NOTES[kind]
+    ref_tp, cand_tp = ((r.get("config") or {}).get("tp") for r in (ref, cand))
+    if kind == "dcp" and ref_tp is not None and cand_tp is not None and ref_tp != cand_tp:
+        note += (
+            f"; here the reference runs at TP {ref_tp} and the candidate at TP {cand_tp}: the "
+            "difference holds TP's reordering too, which the noise floor must include (a TP = "
+            f"{cand_tp} DCP = 1 vs TP = {ref_tp} pair)"
+        )
+    return note
 
 
 def expected_keys(run: dict[str, Any], pass_name: str = "clean") -> list[str]:

@@ -752,3 +752,17 @@ def test_the_readme_shows_the_budgets_table():
     rows = budget.suite_rows(plans.merge_suites([plans.SUITES[n] for n in LONG]))
     table = "\n".join(budget.markdown(rows, max_ranks=9))
     assert table in (EVIDENCE / "README.md").read_text()
+
+
+def test_a_gate_against_a_reference_of_another_tp_says_so():
+    """The 1M gate's reference runs at TP 1: its file says the comparison holds TP's
+    reordering too; a same-TP gate's note is the kind's note, unchanged."""
+    from gate import verdict
+
+    ref, cand = _needle_runs()
+    same = _verdict(ref, cand)["compares"]
+    assert same == verdict.GATE_KIND_NOTES["dcp"]
+    tp1 = {**ref, "config": {**ref["config"], "tp": 1}}
+    note = _verdict(tp1, cand)["compares"]
+    assert note.startswith(same) and "reference runs at TP 1 and the candidate at TP 4" in note
+    assert _verdict(tp1, cand, kind="dcp_pair")["compares"] == verdict.GATE_KIND_NOTES["dcp_pair"]
