@@ -489,6 +489,14 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
             print(f"gate {gate}: no tolerance for noise group {group}", flush=True)
             continue
         sens = _best_sensitivity(runs, ckpt, tol["atol_logprob"], ref_name)
+        options = gate_options(spec)
+        control = None
+        if options["control"] is not None:
+            control = runs.get(options["control"]) or {
+                "name": options["control"],
+                "ok": False,
+                "error": "the control run did not run",
+            }
         result = verdict.gate_result(
             gate,
             ref,
@@ -501,6 +509,8 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
             },
             sens,
             kind,
+            cand_pass=options["cand_pass"],
+            control=control,
         )
         result["command"] = shlex.join([sys.executable, *sys.argv])
         # the runs' revision (what was tested) plus the one that derived the verdict
@@ -547,6 +557,14 @@ def gate_spec(spec: Any) -> tuple[str, str, str]:
     if len(spec) == 3:
         return spec[0], spec[1], spec[2]
     return spec[0], spec[1], "dcp"
+
+
+def gate_options(spec: Any) -> dict[str, Any]:
+    """A suite's gate entry's optional keys (only a dict entry has them): the candidate pass
+    it compares (``cand_pass``, default clean) and the run whose fault pass is its negative
+    control (``control``, default the candidate)."""
+    spec = spec if isinstance(spec, dict) else {}
+    return {"cand_pass": spec.get("cand_pass", "clean"), "control": spec.get("control")}
 
 
 def _ckpt_of(suite: dict[str, Any], run_name: str) -> str:
@@ -877,6 +895,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         variant=args.variant,
         engine_extra=json.loads(args.engine_extra),
+        enable_prefix_caching=args.enable_prefix_caching,
     )
     rec = run_many([cfg], Path(args.work), cfg.world_size, args.deadline_s, args.port)[cfg.name]
     print(json.dumps({k: rec.get(k) for k in ("name", "ok", "error", "transport")}), flush=True)
@@ -944,6 +963,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-memory-bytes", type=int, default=1 << 30)
     p.add_argument("--variant", default="stock", help=f"{' or '.join(plan.VARIANTS)}")
     p.add_argument("--engine-extra", default="{}", help="JSON merged into LLM(**kwargs)")
+    p.add_argument(
+        "--enable-prefix-caching",
+        action="store_true",
+        help="vLLM's prefix cache (the repeat pass then hits it; not with the fault pass)",
+    )
     p.add_argument("--work", default="/tmp/dcp-gate")
     p.add_argument("--deadline-s", type=float, default=3600.0)
     p.add_argument("--port", type=int, default=29600)

@@ -33,6 +33,19 @@ chaos; the gates test attention, not routing. The dependence is measured, not as
 gate's sensitivity pass changes one prompt token near the start and records how far the first
 generated step's log-probs move.
 
+``--max-position-embeddings N`` (default 65536, what every checkpoint before it had) writes
+``config.json``'s ``max_position_embeddings``: vLLM refuses a ``max_model_len`` above it, so the
+long-prompt gates (256k, 1M) need a larger one. It changes ``config.json`` only. No tensor
+depends on it: the seeded init draws no position, and the needle's answer calibration
+(``add_answer``, ``add_mtp_answer``) runs gate_refmodel.py's forward over prompts of 2 x
+``index_topk`` (+ 1) tokens with its own RoPE angles (position x theta^(-2i/d), no table), so the
+safetensors bytes are those of the same arguments without it. vLLM builds two RoPE tables per
+rank from it (``get_rope`` in vllm/models/deepseek_v32/attention.py: the MLA rope, GPT-J pairs,
+and the indexer's, NeoX halves; plain ``rope_theta`` 10000, no scaling in these configs): row p
+is cos/sin of p x inv_freq, computed element by element, so a longer table holds the same rows
+below 65536 and more after them. Their cost is memory: 2 tables x N x 64 x 2 bytes (bf16) per
+rank, 0.29 GB at N = 1,114,112.
+
 Usage:
     python evidence/make_dsa_gate_ckpt.py --arch glm --out /tmp/gate-ckpt/glm
     python evidence/make_dsa_gate_ckpt.py --arch v32 --out /tmp/gate-ckpt/v32
@@ -84,10 +97,32 @@ COMMON: dict[str, Any] = {
 }
 
 
-def make_config(arch: str, layers: int = 4, heads: int | None = None) -> dict[str, Any]:
+DEFAULT_MAX_POSITIONS = COMMON["max_position_embeddings"]
+"""Every checkpoint made before ``--max-position-embeddings`` existed has this value."""
+
+
+def make_config(
+    arch: str,
+    layers: int = 4,
+    heads: int | None = None,
+    max_position_embeddings: int = DEFAULT_MAX_POSITIONS,
+) -> dict[str, Any]:
     """The HF config of one geometry (dense MLPs on every layer; see the module docstring);
-    ``heads`` overrides the geometry's query head count (e.g. DeepSeek-V3.2's real 128)."""
-    cfg = dict(COMMON, num_hidden_layers=layers, first_k_dense_replace=layers)
+    ``heads`` overrides the geometry's query head count (e.g. DeepSeek-V3.2's real 128);
+    ``max_position_embeddings`` the longest ``max_model_len`` vLLM accepts (the default keeps
+    every earlier checkpoint's config byte for byte)."""
+    if isinstance(max_position_embeddings, bool) or not isinstance(max_position_embeddings, int):
+        raise SystemExit(
+            f"--max-position-embeddings must be an int, got {max_position_embeddings!r}"
+        )
+    if max_position_embeddings < 1:
+        raise SystemExit(f"--max-position-embeddings must be >= 1, got {max_position_embeddings}")
+    cfg = dict(
+        COMMON,
+        num_hidden_layers=layers,
+        first_k_dense_replace=layers,
+        max_position_embeddings=max_position_embeddings,
+    )
     if arch == "glm":
         cfg.update(
             architectures=["GlmMoeDsaForCausalLM"],
@@ -561,6 +596,13 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="query heads (default: the geometry's, glm 64 and v32 32; DeepSeek-V3.2 has 128)",
     )
+    ap.add_argument(
+        "--max-position-embeddings",
+        type=int,
+        default=DEFAULT_MAX_POSITIONS,
+        help="config.json's max_position_embeddings: vLLM's largest max_model_len "
+        f"(default {DEFAULT_MAX_POSITIONS}; the tensors do not depend on it)",
+    )
     ap.add_argument("--qk-gain", type=float, default=3.0)
     ap.add_argument("--o-gain", type=float, default=1.0)
     ap.add_argument("--down-gain", type=float, default=0.5)
@@ -592,7 +634,7 @@ def make_tensors(
     args: argparse.Namespace,
 ) -> tuple[dict[str, Any], dict[str, float], dict[str, Any], dict[str, Any] | None]:
     """(config, gains, fp32 tensors, needle record or None) of parsed writer arguments."""
-    cfg = make_config(args.arch, args.layers, args.heads)
+    cfg = make_config(args.arch, args.layers, args.heads, args.max_position_embeddings)
     gains = {"qk": args.qk_gain, "o": args.o_gain, "down": args.down_gain, "head": args.head_gain}
     tensors = build(cfg, args.seed, gains, args.shared_indexer_weights)
     needle = None

@@ -956,13 +956,25 @@ _GATE_NAME = re.compile(
 _BACKEND_TOKENS = ("triton_mla_sparse_fp8_ds_mla", "flashmla_sparse", "flash_attn_mla_sparse")
 
 
+_PROMPT_LENGTH = re.compile(r"\d+[km]")  # a long gate's prompt: 32k, 128k, 256k, 1m
+
+
 def _gate_subject(rest: str) -> str:
-    """What a gate compares, from the part of its name after ``-tpN-dcpM``."""
+    """What a gate compares, from the part of its name after ``-tpN-dcpM``; a prompt length
+    in the name (``-32k``, ``-128k``, ``-256k``, ``-1m``) follows the subject in brackets."""
     rest = re.sub(r"-?\d+\.\d+\.\d+$", "", rest)  # a base suffix (``-0.34.0``) is its own column
     words = [w for w in rest.split("-") if w not in ("graphs", "eager", "bf16", *_BACKEND_TOKENS)]
-    key = "-".join(words)
-    if key in ("", "32k"):
-        return "DCP vs DCP = 1" + (" (32k prompt)" if key else "")
+    lengths = [w for w in words if _PROMPT_LENGTH.fullmatch(w)]
+    subject = _subject_of("-".join(w for w in words if w not in lengths))
+    return subject + "".join(f" ({w.upper() if w.endswith('m') else w} prompt)" for w in lengths)
+
+
+def _subject_of(key: str) -> str:
+    """What a gate compares, from its name's words less mode, backend and prompt length."""
+    if key == "":
+        return "DCP vs DCP = 1"
+    if key == "prefixcache":
+        return "prefix-cache hit vs DCP = 1"
     if key == "ckv":
         return "packed-CKV prefill route vs DCP = 1"
     if key == "ckv-vs-query":

@@ -50,6 +50,11 @@ PATCHED_ONLY_BACKENDS = ("TRITON_MLA_SPARSE_FP8_DS_MLA",)
 # The memory test's negative controls (gate/memory_probe.py reads the rank environment).
 DROP_RESERVATION_ENV = "GATE_DROP_DCP_RESERVATION"
 DROP_RESERVATION = ("alloc", "all")
+# The packed-CKV prefill route (0007) gathers fp8_ds_mla records and attends bf16 queries:
+# vLLM 0.34 refuses another KV dtype (MLADCPPackedCKVPrefill) and a backend whose impl takes a
+# quantized query (DeepseekV32Attention._init_packed_ckv_prefill: FLASHINFER_MLA_SPARSE).
+# These two take bf16 queries on an fp8_ds_mla cache (supports_quant_query_input False).
+PACKED_CKV_BACKENDS = ("TRITON_MLA_SPARSE_FP8_DS_MLA", "FLASHMLA_SPARSE")
 
 
 def engine_extra_problems(extra: dict[str, Any], variant: str, dcp: int) -> list[str]:
@@ -171,6 +176,9 @@ class GateConfig:
     # record each rank's memory (gate/memory_probe.py): the profiled peak, each step's peak
     # and vLLM's KV figures; it synchronises every step, so timed runs leave it off
     memory_probe: bool = False
+    # vLLM's prefix cache; off unless a gate tests it: repeated and faulted passes must
+    # recompute. On, the repeat pass re-serves the clean prompts from the cache (a cache hit).
+    enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         self.passes = tuple(self.passes)
@@ -199,6 +207,13 @@ class GateConfig:
             out.append("every run needs the 'clean' pass")
         if "fault" in self.passes and self.dcp < 2:
             out.append("the 'fault' pass drops one DCP rank's partial: it needs dcp >= 2")
+        if not isinstance(self.enable_prefix_caching, bool):
+            out.append(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
+        elif self.enable_prefix_caching and "fault" in self.passes:
+            out.append(
+                "the 'fault' pass needs enable_prefix_caching false: a prefix cached by the "
+                "clean pass would skip the faulted attention of the prompt"
+            )
         if self.max_tokens < 32:
             out.append(f"max_tokens must be >= 32, got {self.max_tokens}")
         longest = max(self.lens + self.batch_lens, default=0)
@@ -218,6 +233,17 @@ class GateConfig:
             )
         if self.backend in PATCHED_ONLY_BACKENDS and self.variant != "patched":
             out.append(f"backend {self.backend} exists only in the patched series")
+        if self.engine_extra.get("dcp_prefill_route") == "packed_ckv":
+            if self.kv_cache_dtype != "fp8_ds_mla":
+                out.append(
+                    "dcp_prefill_route packed_ckv gathers fp8_ds_mla records: kv_cache_dtype "
+                    f"must be 'fp8_ds_mla', got {self.kv_cache_dtype!r}"
+                )
+            if self.backend not in PACKED_CKV_BACKENDS:
+                out.append(
+                    f"dcp_prefill_route packed_ckv needs a backend that takes bf16 queries, "
+                    f"got {self.backend!r}; valid: {', '.join(PACKED_CKV_BACKENDS)}"
+                )
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
             out.append("env must map str to str")
         drop = self.env.get(DROP_RESERVATION_ENV)

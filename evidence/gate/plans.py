@@ -5,7 +5,10 @@ A suite file ``suites/<name>.json`` is named by what it tests and holds ``what``
 ``checkpoints`` (name -> make_dsa_gate_ckpt.py arguments), ``runs`` (gate configurations;
 ``model`` names a checkpoint as ``@name``), ``noise`` (label -> [checkpoint, reference run,
 candidate run, reference pass, candidate pass]) and ``gates`` (name -> [reference run,
-candidate run] or a dict with ``ref``, ``cand``, ``kind``, ``noise``). A suite may name runs of
+candidate run] or a dict with ``ref``, ``cand``, ``kind``, ``noise`` and optionally ``cand_pass``
+(the candidate's pass compared with the reference's clean one: clean, or repeat for a prefix-cache
+hit) and ``control`` (a run of the candidate's configuration whose fault pass is the negative
+control, for a candidate that cannot run one)). A suite may name runs of
 another suite (a queue runs them in one work folder and reuses them). ``suites/queues.json``
 lists suites to run as one priority queue (``--suites NAME``); ``suites/checkpoints.json`` the
 named checkpoints. Loading validates every run as a :class:`plan.GateConfig`, every gate's kind,
@@ -53,11 +56,64 @@ class Suite:
         }
 
 
+GATE_KEYS = ("ref", "cand", "kind", "noise", "cand_pass", "control")
+
+
 def _gate_runs(spec: Any) -> tuple[str, str, str]:
     if isinstance(spec, dict):
         return spec["ref"], spec["cand"], spec.get("kind", "dcp")
     ref, cand = spec
     return ref, cand, "dcp"
+
+
+def _gate_problems(spec: Any) -> list[str]:
+    """What is wrong with one gate entry on its own: unknown keys, kind, candidate pass, a
+    control run where the kind takes none."""
+    ref, cand, kind = _gate_runs(spec)
+    out = []
+    if kind not in verdict.GATE_KINDS:
+        out.append(f"kind {kind!r}; valid: {', '.join(verdict.GATE_KINDS)}")
+    if not isinstance(spec, dict):
+        return out
+    unknown = sorted(set(spec) - set(GATE_KEYS))
+    if unknown:
+        out.append(f"unknown keys {unknown}; valid: {', '.join(GATE_KEYS)}")
+    cand_pass = spec.get("cand_pass", "clean")
+    if cand_pass not in verdict.GATE_CAND_PASSES:
+        out.append(f"cand_pass {cand_pass!r}; valid: {', '.join(verdict.GATE_CAND_PASSES)}")
+    if "control" in spec and kind not in verdict.GATE_CONTROL_KINDS:
+        out.append(f"a control run needs kind {' or '.join(verdict.GATE_CONTROL_KINDS)}")
+    if spec.get("control") in (ref, cand):
+        out.append("the control must be a run of its own")
+    return out
+
+
+def _engine(run: dict[str, Any]) -> dict[str, Any]:
+    """A run's engine configuration as GateConfig reads it (defaults filled in), less what a
+    control run may change (verdict.CONTROL_MAY_DIFFER)."""
+    full = plan.GateConfig.from_json({**run, "model": run["model"]}).to_json()
+    return {k: v for k, v in full.items() if k not in verdict.CONTROL_MAY_DIFFER}
+
+
+def _gate_run_problems(spec: Any, runs: dict[str, dict[str, Any]]) -> list[str]:
+    """What is wrong with a gate entry given every suite's runs: the candidate must serve the
+    pass it is compared on; a control must run the fault pass on the candidate's engine."""
+    if not isinstance(spec, dict):
+        return []
+    out = []
+    cand = runs[spec["cand"]]
+    cand_pass = spec.get("cand_pass", "clean")
+    if cand_pass not in cand["passes"]:
+        out.append(f"candidate {spec['cand']} serves no {cand_pass!r} pass")
+    control = spec.get("control")
+    if control is not None:
+        if control not in runs:
+            return [*out, f"control {control} is a run no suite defines"]
+        if "fault" not in runs[control]["passes"]:
+            out.append(f"control {control} serves no 'fault' pass")
+        if _engine(runs[control]) != _engine(cand):
+            out.append(f"control {control} is not the engine of candidate {spec['cand']}")
+    return out
 
 
 def load_suite(path: Path) -> Suite:
@@ -74,8 +130,9 @@ def load_suite(path: Path) -> Suite:
         if run["model"].startswith("@") and run["model"][1:] not in data["checkpoints"]:
             raise ValueError(f"{path.name}: run {run['name']} names checkpoint {run['model']}")
     for gate, spec in data["gates"].items():
-        if _gate_runs(spec)[2] not in verdict.GATE_KINDS:
-            raise ValueError(f"{path.name}: gate {gate} has kind {_gate_runs(spec)[2]!r}")
+        problems = _gate_problems(spec)
+        if problems:
+            raise ValueError(f"{path.name}: gate {gate}: " + "; ".join(problems))
     return Suite(
         name=path.stem,
         what=data["what"],
@@ -89,7 +146,11 @@ def load_suite(path: Path) -> Suite:
 def load_suites(folder: Path = SUITE_DIR) -> dict[str, Suite]:
     """Every suite file of ``folder``, checked against each other."""
     suites = {p.stem: load_suite(p) for p in sorted(folder.glob("*.json")) if p.name not in _META}
-    every_run = {r["name"] for s in suites.values() for r in s.runs}
+    run_defs: dict[str, dict[str, Any]] = {}
+    for s in suites.values():
+        for r in s.runs:
+            run_defs.setdefault(r["name"], r)
+    every_run = set(run_defs)
     defined: dict[str, list[str]] = {}
     for s in suites.values():
         for name, argv in s.checkpoints.items():
@@ -99,6 +160,9 @@ def load_suites(folder: Path = SUITE_DIR) -> dict[str, Suite]:
             ref, cand, _ = _gate_runs(spec)
             if not {ref, cand} <= every_run:
                 raise ValueError(f"{s.name}: gate {gate} compares a run no suite defines")
+            problems = _gate_run_problems(spec, {**run_defs, **{r["name"]: r for r in s.runs}})
+            if problems:
+                raise ValueError(f"{s.name}: gate {gate}: " + "; ".join(problems))
         for label, pair in s.noise.items():
             if not set(pair[1:3]) <= every_run:
                 raise ValueError(f"{s.name}: noise pair {label!r} names a run no suite defines")
@@ -122,6 +186,9 @@ NEEDLE_CKPTS: dict[str, list[str]] = _CKPTS["needle"]
 MTP_ACCEPT_CKPT: list[str] = _CKPTS["mtp_accept"]
 """The checkpoint whose MTP draft retrieves the answer through its own attention (glmnm)."""
 CALIBRATE_GAINS: tuple[str, ...] = tuple(_CKPTS["calibrate_o_gains"])
+LONG_CKPTS: dict[str, list[str]] = _CKPTS["long"]
+"""The long-prompt gates' checkpoints: a needle checkpoint's arguments plus a
+--max-position-embeddings that a 1M-token prompt fits under."""
 
 
 def merge_suites(suites: list[dict[str, Any]]) -> dict[str, Any]:

@@ -303,6 +303,7 @@ def sensitivity(ref: dict[str, Any], atol: float | None = None) -> dict[str, Any
     if not pert or not clean:
         return {"measured": False}
     rows = {}
+    answer = answer_id(ref)
     for key, rec in pert.items():
         base = clean.get(key.partition("~p")[0])
         if base is None:
@@ -315,6 +316,8 @@ def sensitivity(ref: dict[str, Any], atol: float | None = None) -> dict[str, Any
             "first_token_changed": base["tokens"][0] != rec["tokens"][0],
             "prompt_len": rec.get("prompt_len"),
         }
+        if answer is not None:  # a needle checkpoint: without the needle, no answer
+            rows[key]["answer_absent"] = _first_token(rec) != answer
     common = [r["first_step_max_abs_logprob_diff"] for r in rows.values()]
     bounds = [r["first_step_move_lower_bound"] for r in rows.values()]
     figure = min(bounds) if bounds and not any(math.isnan(b) for b in bounds) else None
@@ -334,6 +337,58 @@ def sensitivity(ref: dict[str, Any], atol: float | None = None) -> dict[str, Any
         out["over_tolerance"] = None if figure is None else figure / atol
         out["sufficient"] = figure is not None and figure >= SENSITIVITY_MARGIN * atol
     return out
+
+
+def answer_id(run: dict[str, Any]) -> int | None:
+    """The answer token of a run's needle checkpoint: the id make_dsa_gate_ckpt.add_answer
+    made the retrieved needle raise (its ``needle`` record in gate_ckpt.json, which
+    dcp_gate.checkpoint_info copies into the run record), when ``answer_logit`` > 0; None
+    for a checkpoint without a needle or without an answer token."""
+    needle = (run.get("checkpoint") or {}).get("needle") or {}
+    logit = needle.get("answer_logit") or 0
+    if not isinstance(logit, (int, float)) or logit <= 0 or needle.get("answer_id") is None:
+        return None
+    return int(needle["answer_id"])
+
+
+def _first_token(rec: dict[str, Any]) -> int | None:
+    return int(rec["tokens"][0]) if rec.get("tokens") else None
+
+
+NEEDLE_RETRIEVAL_NOTE = (
+    "needle checkpoints only: per single prompt, the first generated token against the "
+    "checkpoint's answer token; clean pass (needle at position 5): needle_retrieved iff it is "
+    "the answer; sensitivity pass (needle replaced): answer_absent iff it is not"
+)
+
+
+def needle_retrieval(run: dict[str, Any]) -> dict[str, Any] | None:
+    """Whether a run found the needle, from the first generated token of each single prompt:
+    in its clean pass ``needle_retrieved`` (the token is the checkpoint's answer), in its
+    sensitivity pass, where the needle is replaced, ``answer_absent`` (it is not). None for a
+    checkpoint without an answer token; passes the run did not finish are empty."""
+    answer = answer_id(run)
+    if answer is None:
+        return None
+    done = finished_passes(run)
+    clean = {
+        key: {"first_token": _first_token(rec), "needle_retrieved": _first_token(rec) == answer}
+        for key, rec in sorted((done.get("clean") or {}).items())
+        if key.startswith("single/")
+    }
+    without = {
+        key: {"first_token": _first_token(rec), "answer_absent": _first_token(rec) != answer}
+        for key, rec in sorted((done.get("sensitivity") or {}).items())
+    }
+    return {
+        "answer_id": answer,
+        "clean": clean,
+        "sensitivity": without,
+        "all_retrieved": bool(clean) and all(r["needle_retrieved"] for r in clean.values()),
+        "all_absent_without_needle": (
+            all(r["answer_absent"] for r in without.values()) if without else None
+        ),
+    }
 
 
 def negative_control(ref: dict[str, Any], cand: dict[str, Any], atol: float) -> dict[str, Any]:
@@ -357,6 +412,11 @@ def negative_control(ref: dict[str, Any], cand: dict[str, Any], atol: float) -> 
 
 
 GATE_KINDS = ("dcp", "dcp_pair", "wire", "spec", "accept")
+# The candidate's pass a gate compares with the reference's clean pass: the clean one, or the
+# repeat one (with the prefix cache on, the clean prompts served again from the cache).
+GATE_CAND_PASSES = ("clean", "repeat")
+# Gate kinds whose negative control may come from a control run (gate_result's ``control``).
+GATE_CONTROL_KINDS = ("dcp", "dcp_pair")
 GATE_KIND_NOTES = {
     "dcp": "DCP > 1 against DCP = 1 at the same TP (the issue's gate)",
     "dcp_pair": "one DCP > 1 run against another at the same TP and DCP (e.g. packed-CKV "
@@ -466,31 +526,45 @@ def gate_result(
     noise: dict[str, Any],
     sens: dict[str, Any],
     kind: str = "dcp",
+    cand_pass: str = "clean",
+    control: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The comparison file of one gate: candidate against reference, judged as ``kind``
-    (GATE_KINDS; GATE_KIND_NOTES says what each compares)."""
+    """The comparison file of one gate: the candidate's ``cand_pass`` (GATE_CAND_PASSES)
+    against the reference's clean pass, judged as ``kind`` (GATE_KINDS; GATE_KIND_NOTES says
+    what each compares). The negative control is the candidate's fault pass, or ``control``'s:
+    a run of the candidate's engine configuration (CONTROL_MAY_DIFFER aside) that ran the
+    fault pass the candidate cannot (GATE_CONTROL_KINDS only)."""
     if kind not in GATE_KINDS:
         raise ValueError(f"unknown gate kind {kind!r}; valid: {', '.join(GATE_KINDS)}")
+    if cand_pass not in GATE_CAND_PASSES:
+        raise ValueError(
+            f"unknown candidate pass {cand_pass!r}; valid: {', '.join(GATE_CAND_PASSES)}"
+        )
+    if control is not None and kind not in GATE_CONTROL_KINDS:
+        raise ValueError(
+            f"a control run serves gates of kind {', '.join(GATE_CONTROL_KINDS)}, not {kind!r}"
+        )
     atol = tol["atol_logprob"]
-    # a variant run may serve a lighter prompt set than its reference: compare what it
-    # served, and require every prompt its own configuration names
-    keys_of = "cand" if _lighter(ref, cand) else "ref"
-    cmp = compare_passes(ref, cand, atol, keys_of=keys_of)
-    cand_clean = finished_passes(cand).get("clean")
-    if cand_clean is not None:
-        missing = sorted(set(expected_keys(cand)) - set(cand_clean))
+    # a variant run may serve a lighter prompt set than its reference, and a repeat pass
+    # serves fewer prompts than the clean one: compare what the candidate served, and require
+    # every prompt its own configuration names for that pass
+    keys_of = "cand" if cand_pass != "clean" or _lighter(ref, cand) else "ref"
+    cmp = compare_passes(ref, cand, atol, cand_pass=cand_pass, keys_of=keys_of)
+    cand_served = finished_passes(cand).get(cand_pass)
+    if cand_served is not None:
+        missing = sorted(set(expected_keys(cand, cand_pass)) - set(cand_served))
         if missing:
             cmp["problems"].append(f"candidate did not serve {missing}")
             cmp["equivalent"] = False
-    extra: dict[str, Any] = {"gate_kind": kind, "compares": GATE_KIND_NOTES[kind]}
+    extra: dict[str, Any] = {"gate_kind": kind, "compares": compares_note(kind, ref, cand)}
     equivalent = cmp["equivalent"]
     neg_atol = atol
     if kind == "wire":
         floor = tol["noise_floor"]
         wire_atol = max(WIRE_TOLERANCE_FACTOR * floor, TOLERANCE_MIN)
-        raw = compare_passes(ref, cand, math.inf, keys_of=keys_of)
+        raw = compare_passes(ref, cand, math.inf, cand_pass=cand_pass, keys_of=keys_of)
         dev = raw["max_abs_logprob_diff"]
-        under_wire = compare_passes(ref, cand, wire_atol, keys_of=keys_of)
+        under_wire = compare_passes(ref, cand, wire_atol, cand_pass=cand_pass, keys_of=keys_of)
         # A wire within the bf16 tolerance makes the strict claim: its sensitivity and its
         # negative control are judged there; otherwise under the wider wire tolerance.
         neg_atol = atol if equivalent else wire_atol
@@ -506,7 +580,7 @@ def gate_result(
         }
     if kind in ("spec", "accept"):
         ref_done = finished_passes(ref)
-        exact = tokens_exact(ref_done.get("clean"), cand_clean)
+        exact = tokens_exact(ref_done.get("clean"), cand_served)
     if kind == "spec":
         self_exact = None
         if ref_done.get("repeat") and ref_done.get("clean"):
@@ -547,9 +621,15 @@ def gate_result(
             ),
         }
         equivalent = equivalent and exact["all_exact"] and same
-    neg = negative_control(ref, cand, neg_atol)
+    neg = negative_control(ref, cand if control is None else control, neg_atol)
     neg["applies"] = NEGATIVE_CONTROL_NOTES[kind]
     neg["atol_logprob"] = neg_atol
+    if control is not None:
+        neg["control_run"] = control.get("name")
+        differ = control_differs(cand, control)
+        if differ:  # another engine's fault says nothing about this candidate
+            neg["problems"] = [*neg.get("problems", []), differ]
+            neg["detected"] = False
     if kind in ("dcp_pair", "wire") and (ref.get("ledger") or cand.get("ledger")):
         extra["ledger"] = {"reference": ledger_totals(ref), "candidate": ledger_totals(cand)}
     sufficient = bool(sens.get("sufficient"))
@@ -586,6 +666,14 @@ def gate_result(
         "tolerance": tol,
         "noise_floor": noise,
         "sensitivity": sens,
+        "ref_pass": "clean",
+        "cand_pass": cand_pass,
+        "needle_retrieval": {
+            "reference": needle_retrieval(ref),
+            "candidate": needle_retrieval(cand),
+            "note": NEEDLE_RETRIEVAL_NOTE,
+        },
+        **prefix_cache_report(cand, cand_pass),
         "prompts": cmp["prompts"],
         "prompts_compared": sorted(cmp["prompts"]),
         # runs that did not complete (timed out, a rank died) whose finished passes were used
@@ -600,12 +688,66 @@ def gate_result(
     }
 
 
-def expected_keys(run: dict[str, Any]) -> list[str]:
-    """The clean pass's prompt keys a run's configuration names (plan.make_prompts)."""
+def compares_note(kind: str, ref: dict[str, Any], cand: dict[str, Any]) -> str:
+    """GATE_KIND_NOTES[kind], and for a DCP gate whose reference runs at another TP (a TP 1
+    reference of a long prompt, the cheapest), what that adds to the comparison."""
+    note = GATE_KIND_NOTES[kind]
+    ref_tp, cand_tp = ((r.get("config") or {}).get("tp") for r in (ref, cand))
+    if kind == "dcp" and ref_tp is not None and cand_tp is not None and ref_tp != cand_tp:
+        note += (
+            f"; here the reference runs at TP {ref_tp} and the candidate at TP {cand_tp}: the "
+            "difference holds TP's reordering too, which the noise floor must include (a TP = "
+            f"{cand_tp} DCP = 1 vs TP = {ref_tp} pair)"
+        )
+    return note
+
+
+def expected_keys(run: dict[str, Any], pass_name: str = "clean") -> list[str]:
+    """The prompt keys a run's configuration names for the clean pass, or for the repeat or
+    fault pass (the two shortest singles and the batch: plan.pass_groups)."""
+    if pass_name not in ("clean", "repeat", "fault"):
+        raise ValueError(f"expected keys of pass {pass_name!r}; valid: clean, repeat, fault")
     c = run.get("config") or {}
-    keys = [f"single/{n}" for n in c.get("lens") or []]
-    keys += [f"batch/{i}/{n}" for i, n in enumerate(c.get("batch_lens") or [])]
-    return keys
+    singles = [f"single/{n}" for n in c.get("lens") or []]
+    if pass_name != "clean":
+        singles = singles[:2]
+    return singles + [f"batch/{i}/{n}" for i, n in enumerate(c.get("batch_lens") or [])]
+
+
+# What a control run's configuration may change from its candidate's: it runs the fault pass
+# the candidate cannot (a prefix-cached run), under its own name.
+CONTROL_MAY_DIFFER = ("name", "passes", "enable_prefix_caching", "warmup")
+
+
+def control_differs(cand: dict[str, Any], control: dict[str, Any]) -> str | None:
+    """Why ``control`` is not a control of ``cand`` (their configurations differ beyond
+    CONTROL_MAY_DIFFER, or they ran different checkpoint bytes), or None."""
+    a, b = (
+        {k: v for k, v in (r.get("config") or {}).items() if k not in CONTROL_MAY_DIFFER}
+        for r in (cand, control)
+    )
+    if not a or not b:
+        return "the control or the candidate records no configuration"
+    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    if keys:
+        return f"the control run's configuration differs from the candidate's in {keys}"
+    return checkpoints_differ(cand, control)
+
+
+def prefix_cache_report(run: dict[str, Any], pass_name: str) -> dict[str, Any]:
+    """For a run with the prefix cache on, ``{"prefix_cache": ...}``: per prompt of the pass,
+    the prompt tokens vLLM served from the cache (None: not recorded); else nothing."""
+    if not (run.get("config") or {}).get("enable_prefix_caching"):
+        return {}
+    served = finished_passes(run).get(pass_name) or {}
+    cached = {k: rec.get("num_cached_tokens") for k, rec in sorted(served.items())}
+    return {
+        "prefix_cache": {
+            "pass": pass_name,
+            "cached_tokens": cached,
+            "every_prompt_hit": bool(cached) and all(bool(v) for v in cached.values()),
+        }
+    }
 
 
 def _lighter(ref: dict[str, Any], cand: dict[str, Any]) -> bool:
@@ -678,6 +820,35 @@ def validate(result: dict[str, Any]) -> list[str]:
         errors.append("equivalent must be a bool")
     if not isinstance(result.get("negative_control_detected"), bool):
         errors.append("negative_control_detected must be a bool")
+    if "cand_pass" in result and result["cand_pass"] not in GATE_CAND_PASSES:
+        errors.append(f"cand_pass must be one of {', '.join(GATE_CAND_PASSES)}")
+    if "needle_retrieval" in result:
+        errors += _needle_retrieval_problems(result["needle_retrieval"])
+    return errors
+
+
+def _needle_retrieval_problems(report: Any) -> list[str]:
+    """Schema problems of a gate file's ``needle_retrieval`` (written by gate_result)."""
+    if not isinstance(report, dict) or not {"reference", "candidate"} <= set(report):
+        return ["needle_retrieval must hold 'reference' and 'candidate'"]
+    errors = []
+    for side in ("reference", "candidate"):
+        got = report[side]
+        if got is None:  # a checkpoint without an answer token
+            continue
+        if not isinstance(got, dict) or isinstance(got.get("answer_id"), bool):
+            errors.append(f"needle_retrieval.{side} must be null or a report")
+            continue
+        if not isinstance(got.get("answer_id"), int):
+            errors.append(f"needle_retrieval.{side}.answer_id must be an int")
+        for pass_name, flag in (("clean", "needle_retrieved"), ("sensitivity", "answer_absent")):
+            rows = got.get(pass_name)
+            if not isinstance(rows, dict) or not all(
+                isinstance(r, dict) and isinstance(r.get(flag), bool) for r in rows.values()
+            ):
+                errors.append(f"needle_retrieval.{side}.{pass_name} rows need a bool {flag!r}")
+        if not isinstance(got.get("all_retrieved"), bool):
+            errors.append(f"needle_retrieval.{side}.all_retrieved must be a bool")
     return errors
 
 

@@ -158,7 +158,9 @@ def engine_kwargs(cfg: plan.GateConfig) -> dict[str, Any]:
         gpu_memory_utilization=cfg.gpu_memory_utilization,
         kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
         max_logprobs=cfg.logprobs,
-        enable_prefix_caching=False,  # repeated and faulted passes must recompute
+        # off by default: repeated and faulted passes must recompute (a gate that tests the
+        # prefix cache turns it on; GateConfig refuses it beside the fault pass)
+        enable_prefix_caching=cfg.enable_prefix_caching,
         disable_custom_all_reduce=True,
         disable_log_stats=False,
     )
@@ -352,6 +354,8 @@ def run_passes(
                         "tokens": [int(t) for t in c.token_ids],
                         "steps": step_records(c),
                         "group_s": dt,
+                        # prompt tokens served from the prefix cache (None: not reported)
+                        "num_cached_tokens": getattr(out, "num_cached_tokens", None),
                         "group_size": len(keys),
                         "timing": request_timing(out),
                     }

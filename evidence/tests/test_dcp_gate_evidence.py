@@ -104,7 +104,7 @@ def test_calibration_suite_and_the_all_queue_resolve() -> None:
         "patched-variants",
         # the vLLM 0.34.0 suites (base034-*) run by name, not in the 0.33.0 `all`
         *_base034_suites(),
-    } | set(n for q in ("long-prompts",) for n in plans.QUEUES[q])
+    } | set(n for q in ("long-prompts", "long") for n in plans.QUEUES[q])
     assert "answer_logit=7" in plans.NEEDLE_ARGS
 
 
@@ -238,23 +238,32 @@ def _check_sensitivity_and_configs(q: dict) -> dict[str, dict]:
     return runs
 
 
+def _negative_control_run(spec: dict | list) -> str:
+    """The run whose fault pass is a gate's negative control: its control, or its candidate."""
+    import dcp_gate
+
+    return dcp_gate.gate_options(spec)["control"] or dcp_gate.gate_spec(spec)[1]
+
+
 @pytest.mark.parametrize(
-    "name", ["all", "dcp2", "dcp4", "graphs", "flashmla-wide-heads", "long-prompts"]
+    "name", ["all", "dcp2", "dcp4", "graphs", "flashmla-wide-heads", "long-prompts", "long"]
 )
 def test_every_queue_runs_every_reference_and_a_sensitivity_pass(name: str) -> None:
     """A queue run alone on a fresh machine can decide every gate it names: it runs both
     sides of each gate and noise pair, a sensitivity pass on each gated checkpoint, a fault
-    pass (the negative control) in every DCP > 1 run that is a gate's candidate, and every
-    run is a valid engine configuration."""
+    pass (the negative control) in every DCP > 1 run that is a gate's candidate (or in the
+    gate's control run), and every run is a valid engine configuration."""
     import dcp_gate
 
     q = _queue(name)
-    _runs_every_reference(q)
+    names = _runs_every_reference(q)
     runs = _check_sensitivity_and_configs(q)
     for gate, spec in q["gates"].items():
         _, cand, kind = dcp_gate.gate_spec(spec)
+        control = _negative_control_run(spec)
+        assert control in names, (name, gate)
         if runs[cand]["dcp"] > 1 and kind in ("dcp", "dcp_pair", "wire"):
-            assert "fault" in runs[cand]["passes"], (name, gate)
+            assert "fault" in runs[control]["passes"], (name, gate)
 
 
 def test_each_base034_suite_decides_its_gates_alone() -> None:
