@@ -887,7 +887,12 @@ def memory_section() -> list[str]:
                         c["checkpoint"],
                         fmt((c.get("kv_cache_memory_bytes") or 0) / (1 << 20)),
                         f"{c.get('tp')}/{c['dcp']}",
-                        f"{c['tokens']:,}",
+                        f"{c['tokens']:,}"
+                        if c.get("tokens") is not None
+                        else (
+                            f"refused {c.get('refused_max_model_len') or 0:,} "
+                            f"(holds {c.get('vllm_estimated_max_model_len') or '?'})"
+                        ),
                         fmt(c.get("tokens_vs_dcp1")),
                         "-"
                         if c.get("longest_prompt_served") is None

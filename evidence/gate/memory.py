@@ -19,17 +19,23 @@ reservation recorded but not allocated) is caught when some rank steps over its 
 
 Capacity: vLLM's own figures after start-up (``num_gpu_blocks`` x ``block_size`` tokens per
 rank, which DCP shards, and the ``kv_cache_size_tokens`` it logs), per DCP size among runs of
-one checkpoint and one KV pool size per rank, with the ratio to DCP = 1.
+one checkpoint and one KV pool size per rank, with the ratio to DCP = 1; a run vLLM refused
+because its pool cannot hold one ``max_model_len`` request is a row too (no tokens, the
+length refused and vLLM's estimate of the longest it could hold), never a memory verdict.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 KIND = "dcp_memory"
 SCHEMA_VERSION = 1
 DROP_ENV = "GATE_DROP_DCP_RESERVATION"
 REFUSAL_MARK = "DCP headroom check"
+# vLLM's own start-up refusal of a max_model_len its KV pool cannot hold (kv_cache_planning.py)
+KV_REFUSAL_MARK = "KV cache is needed, which is larger than the available KV cache memory"
+_ESTIMATED_LEN = re.compile(r"estimated maximum model length is (\d+)")
 STEP_CLASSES = ("prefill", "decode")
 
 
@@ -86,6 +92,12 @@ def refused(run: dict[str, Any]) -> bool:
     return REFUSAL_MARK in str(run.get("error") or "")
 
 
+def capacity_refused(run: dict[str, Any]) -> bool:
+    """vLLM refused to start: the pool cannot hold one request of max_model_len (a capacity
+    finding, e.g. DCP 1 with the pool that holds the prompt at DCP 4; not a memory overrun)."""
+    return KV_REFUSAL_MARK in str(run.get("error") or "")
+
+
 def run_verdict(run: dict[str, Any]) -> dict[str, Any]:
     """Every rank of one run; ``within``: all ranks judged and within (None: not judged)."""
     ranks = [rank_verdict(m) for m in run.get("memory") or []]
@@ -108,6 +120,7 @@ def run_verdict(run: dict[str, Any]) -> dict[str, Any]:
         "control": drop_of(run) or None,
         "ok": bool(run.get("ok")),
         "refused": refused(run),
+        "capacity_refused": capacity_refused(run),
         "error": (run.get("error") or None) and str(run["error"])[:600],
         "within": within,
         "largest_overrun_bytes": max(over) if over else None,
@@ -143,10 +156,29 @@ def capacity_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for run in runs:
         mems = run.get("memory") or []
         engine = (mems[0].get("engine") if mems else None) or {}
-        if not engine.get("num_gpu_blocks") or drop_of(run):
-            continue
         cfg = run.get("config") or {}
         dcp = int(cfg.get("dcp", 1))
+        if drop_of(run):
+            continue
+        if not engine.get("num_gpu_blocks"):
+            if capacity_refused(run):
+                estimated = _ESTIMATED_LEN.search(str(run.get("error")))
+                rows.append(
+                    {
+                        "run": run.get("name"),
+                        "checkpoint": str(cfg.get("model", "")).rstrip("/").rsplit("/", 1)[-1],
+                        "kv_cache_memory_bytes": cfg.get("kv_cache_memory_bytes"),
+                        "tp": cfg.get("tp"),
+                        "dcp": dcp,
+                        "tokens": None,
+                        "refused_max_model_len": cfg.get("max_model_len"),
+                        "vllm_estimated_max_model_len": int(estimated.group(1))
+                        if estimated
+                        else None,
+                        "longest_prompt_served": None,
+                    }
+                )
+            continue
         rows.append(
             {
                 "run": run.get("name"),
@@ -164,11 +196,11 @@ def capacity_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         )
     base: dict[tuple[str, Any], int] = {}
     for r in rows:
-        if r["dcp"] == 1:
+        if r["dcp"] == 1 and r["tokens"]:
             base.setdefault((r["checkpoint"], r["kv_cache_memory_bytes"]), r["tokens"])
     for r in rows:
         one = base.get((r["checkpoint"], r["kv_cache_memory_bytes"]))
-        r["tokens_vs_dcp1"] = round(r["tokens"] / one, 3) if one else None
+        r["tokens_vs_dcp1"] = round(r["tokens"] / one, 3) if one and r["tokens"] else None
     return sorted(rows, key=lambda r: (r["checkpoint"], r["kv_cache_memory_bytes"] or 0, r["dcp"]))
 
 
@@ -195,7 +227,8 @@ def memory_result(runs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
         for n, r in probed.items()
         if drop_of(r)
     }
-    judged = [v for v in verdicts.values() if v["control"] is None]
+    # a capacity refusal by vLLM is a capacity row, not a memory verdict
+    judged = [v for v in verdicts.values() if v["control"] is None and not v["capacity_refused"]]
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": KIND,

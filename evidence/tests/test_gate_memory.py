@@ -50,6 +50,7 @@ def run(name: str, dcp: int = 2, drop: str = "", ok: bool = True, error=None, **
             "dcp": dcp,
             "kv_cache_memory_bytes": 2 * GIB,
             "lens": [1024, 65536],
+            "max_model_len": 65600,
             "memory_probe": True,
             "env": env,
         },
@@ -290,3 +291,27 @@ def test_a_memory_suite_runs_end_to_end_through_the_launcher(tmp_path: Path):
     assert doc["controls"]["m-tp2-dcp2-noalloc"]["reservation_bytes_by_rank"] == [GIB, GIB]
     assert [(r["dcp"], r["tokens"]) for r in doc["capacity"]] == [(1, 999 * 64), (2, 998 * 128)]
     assert doc["revision"]["series"] == "abc123"
+
+
+def test_a_run_vllm_refused_for_capacity_is_a_capacity_row_not_a_memory_verdict():
+    """DCP 1 with the pool that holds the prompt at DCP 4: vLLM refuses max_model_len at
+    start-up; the capacity table names the length refused and vLLM's estimate, the memory
+    verdict leaves the run out (a start-up refusal of any other kind is not left out)."""
+    msg = (
+        "rank 0: ValueError: To serve at least one request with the model's max seq len "
+        "(131104), (0.37 GiB KV cache is needed, which is larger than the available KV cache "
+        "memory (0.11 GiB). Based on the available memory, the estimated maximum model length "
+        "is 39488. Try increasing ..."
+    )
+    served = run("c-dcp2", dcp=2)
+    refused = run("c-dcp1-long", dcp=1, ok=False, error=msg)
+    doc = memory.memory_result({"c-dcp2": served, "c-dcp1-long": refused})
+    assert doc["all_within"] is True
+    assert doc["runs"]["c-dcp1-long"]["capacity_refused"] is True
+    row = next(r for r in doc["capacity"] if r["run"] == "c-dcp1-long")
+    assert row["tokens"] is None and row["tokens_vs_dcp1"] is None
+    assert row["vllm_estimated_max_model_len"] == 39488
+    other = run("c-dcp1-long", dcp=1, ok=False, error="rank 0: RuntimeError: CUDA error")
+    doc = memory.memory_result({"c-dcp2": served, "c-dcp1-long": other})
+    assert doc["all_within"] is False
+    assert [r["run"] for r in doc["capacity"]] == ["c-dcp2"]

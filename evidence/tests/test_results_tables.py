@@ -151,6 +151,13 @@ def test_memory_table_shows_each_run_its_control_and_the_capacity(tmp_path, monk
             "m-dcp2-unreserved", drop="all", ok=False, error="DCP headroom check: no"
         ),
         "m-dcp1": run("m-dcp1", dcp=1),
+        "c-dcp1": run(
+            "c-dcp1",
+            dcp=1,
+            ok=False,
+            error="(1 GiB KV cache is needed, which is larger than the available KV cache memory"
+            " (0.5 GiB). ... the estimated maximum model length is 39488.",
+        ),
     }
     doc = memory.memory_result(runs) | {"machine": {"gpus": [{"name": "NVIDIA H100 80GB HBM3"}]}}
     (tmp_path / "dcp-memory.json").write_text(json.dumps(doc))
@@ -162,4 +169,5 @@ def test_memory_table_shows_each_run_its_control_and_the_capacity(tmp_path, monk
         f"| `m-dcp2` | 2/2 | - | query | - | True | - | {5 * gib / gib:.2f} | 4.00 | 1.00 |" in text
     )
     assert "| `m-dcp1` | glmn | 2048 | 1/1 | 64,000 | 1 | 65,536 |" in text
+    assert "| `c-dcp1` | glmn | 2048 | 1/1 | refused 65,600 (holds 39488) | - | - |" in text
     assert "| `m-dcp2` | glmn | 2048 | 2/2 | 128,000 | 2 | 65,536 |" in text
