@@ -10,17 +10,22 @@ figures are each rank's own, valid under one-GPU emulation):
 
 * ``profile``: torch's allocated bytes when ``determine_available_memory`` starts and its
   peak during it (the peak statistic is reset at the start), and the KV bytes it returned;
-* ``steps``: for every model step after start-up, the peak during ``Worker.execute_model``
-  (the statistic reset before each step), the largest per class: ``prefill`` (some request
-  schedules more than one token) and ``decode`` (every request one);
+* ``steps``: for every model step after the sizing (vLLM's own warm-up steps included), the
+  peak from the start of ``Worker.execute_model`` to the end of the ``sample_tokens`` that
+  follows it (the statistic reset before each step), the largest per class: ``prefill`` (some
+  request schedules more than one token) and ``decode`` (every request one); a step that
+  raised is ``failed_step``;
 * ``engine``: after start-up, vLLM's own KV figures (blocks, block size, the token capacity
   and concurrency it logs) and the DCP reservation 0016 recorded on the attention layers.
 
 The negative controls, test-only and never shipped, are a rank environment variable
 ``GATE_DROP_DCP_RESERVATION``: ``alloc`` makes 0016's profiling reservation record its rows
-without allocating anything (the KV pool is then sized as if the reservation were not there;
-the memory verdict must flag the run), ``all`` drops the record too (what a profiling forward
-that skipped the reservation looks like: 0016's start-up check must refuse the engine).
+without allocating anything (the profiled peak, vLLM's budget for what is not KV cache, is then
+what it would be without the reservation; the memory verdict must flag the run), ``all`` drops
+the record too (what a profiling forward that skipped the reservation looks like: 0016's
+start-up check must refuse the engine). With an explicit ``kv_cache_memory_bytes`` (every gate
+run) the pool itself does not depend on the profile; the verdict still asks whether the steps
+fit the budget a profiled engine would have made.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from gate.plan import DROP_RESERVATION, DROP_RESERVATION_ENV
 
 DROP_CHOICES = ("", *DROP_RESERVATION)
 
-_STATE: dict[str, Any] = {"profile": None, "steps": {}}
+_STATE: dict[str, Any] = {"profile": None, "steps": {}, "last": None, "failed_step": None}
 
 
 def _cuda() -> Any:
@@ -49,7 +54,11 @@ def install() -> None:
     cls = gpu_worker.Worker
     if getattr(cls, "_gate_memory_probe", False):
         return
-    sizing, step = cls.determine_available_memory, cls.execute_model
+    sizing, step, sample = (
+        cls.determine_available_memory,
+        cls.execute_model,
+        cls.sample_tokens,
+    )
 
     def determine_available_memory(self: Any) -> int:
         cuda = _cuda()
@@ -73,28 +82,65 @@ def install() -> None:
         cuda = _cuda()
         cuda.synchronize()
         cuda.reset_peak_memory_stats()
-        out = step(self, scheduler_output)
-        cuda.synchronize()
-        record_step(per_request, cuda.max_memory_allocated(), cuda.max_memory_reserved())
+        failed = True
+        try:
+            out = step(self, scheduler_output)
+            cuda.synchronize()
+            failed = False
+        finally:  # a step that raises (an out-of-memory error) is recorded too
+            record_step(
+                per_request, cuda.max_memory_allocated(), cuda.max_memory_reserved(), failed
+            )
+        return out
+
+    def sample_tokens(self: Any, grammar_output: Any) -> Any:
+        # the V2 runner computes logits and samples here, after execute_model: the peak
+        # since that step's reset covers both, and is folded into the same step
+        out = sample(self, grammar_output)
+        if _STATE["last"] is not None:
+            cuda = _cuda()
+            cuda.synchronize()
+            fold_sampling(cuda.max_memory_allocated(), cuda.max_memory_reserved())
         return out
 
     cls.determine_available_memory = determine_available_memory
     cls.execute_model = execute_model
+    cls.sample_tokens = sample_tokens
     cls._gate_memory_probe = True
     drop = dropped_reservation()
     if drop:
         drop_reservation(drop)
 
 
-def record_step(per_request: dict[str, int], peak: int, peak_reserved: int) -> None:
-    """Fold one step's peak into the largest of its class (pure; see the module docstring)."""
+def record_step(
+    per_request: dict[str, int], peak: int, peak_reserved: int, failed: bool = False
+) -> None:
+    """Fold one step's peak into the largest of its class (pure; see the module docstring);
+    a step that raised is kept apart as ``failed_step`` (its peak up to the error)."""
     kind = "prefill" if max(per_request.values()) > 1 else "decode"
     tokens = sum(per_request.values())
+    if failed:
+        _STATE["failed_step"] = {"kind": kind, "tokens": tokens, "peak_bytes": peak}
+        _STATE["last"] = None
+        return
     cur = _STATE["steps"].get(kind)
     if cur is None:
         cur = _STATE["steps"][kind] = {"steps": 0, "peak_bytes": -1}
     cur["steps"] += 1
     cur["max_step_tokens"] = max(cur.get("max_step_tokens", 0), tokens)
+    _STATE["last"] = (kind, tokens)
+    _fold(cur, peak, peak_reserved, tokens)
+
+
+def fold_sampling(peak: int, peak_reserved: int) -> None:
+    """The sampling after the last recorded step: its peak (since that step's reset) counts
+    for that step."""
+    kind, tokens = _STATE["last"]
+    _fold(_STATE["steps"][kind], peak, peak_reserved, tokens)
+    _STATE["last"] = None
+
+
+def _fold(cur: dict[str, Any], peak: int, peak_reserved: int, tokens: int) -> None:
     cur["peak_reserved_bytes"] = max(cur.get("peak_reserved_bytes", 0), peak_reserved)
     if peak > cur["peak_bytes"]:
         cur.update(peak_bytes=peak, peak_step_tokens=tokens)
@@ -164,6 +210,7 @@ def snapshot(llm: Any | None = None, reservation: Any = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "profile": _STATE["profile"],
         "steps": {k: dict(v) for k, v in _STATE["steps"].items()},
+        "failed_step": _STATE["failed_step"],
         "allocated_now_bytes": cuda.memory_allocated(),
         "reservation_dropped": dropped_reservation() or None,
     }

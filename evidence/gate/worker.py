@@ -388,6 +388,8 @@ def main(config_path: str, out_dir: str) -> int:
 
     rec = RankRecord(out, cfg.name, rank)
     record = rec.data
+    llm: Any = None  # the engine, once built
+    reservation: Any = None  # 0016's plan and reservation (memory_probe runs)
     try:
         from vllm import LLM
 
@@ -417,7 +419,6 @@ def main(config_path: str, out_dir: str) -> int:
         except AttributeError:
             record["cudagraph_mode"] = None
         record["fault_hook_layers"] = len(_SHIFTS)
-        reservation = None
         if cfg.memory_probe:
             reservation = llm.apply_model(memory_probe.dcp_reservation)[0]
             record["memory"] = memory_probe.snapshot(llm, reservation)
@@ -440,8 +441,8 @@ def main(config_path: str, out_dir: str) -> int:
     except Exception as e:  # recorded: a configuration that fails is evidence too
         try:
             record.setdefault("machine", machine_info())
-            if cfg.memory_probe and "memory" not in record:  # e.g. a refused start-up
-                record["memory"] = memory_probe.snapshot()
+            if cfg.memory_probe:  # the steps up to the error (or a refused start-up)
+                record["memory"] = memory_probe.snapshot(llm, reservation)
         except Exception:  # noqa: BLE001 - the error below is what matters
             pass
         rec.fail(f"{type(e).__name__}: {e}", traceback.format_exc())
