@@ -539,7 +539,11 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
             machine=first.get("machine"),
             transport=sorted({runs[n].get("transport") for n in mem["runs"]} - {None}),
         )
-        path = out / "dcp-memory.json"
+        problems = memory.validate(mem)
+        if problems:
+            raise SystemExit(f"memory test: malformed result {problems}")
+        # one file per suite or queue: a report of another suite never replaces it
+        path = out / f"dcp-memory-{suite.get('name') or 'suite'}.json"
         path.write_text(json.dumps(mem, indent=1, sort_keys=True) + "\n")
         written.append(path)
         print(
@@ -606,18 +610,21 @@ def resolve_suite(args: argparse.Namespace) -> dict[str, Any]:
         for name in listed:
             one = argparse.Namespace(**{**vars(args), "suite": name, "suites": None})
             suites.append(resolve_suite(one))
-        return plans.merge_suites(suites)
+        return {**plans.merge_suites(suites), "name": names.replace(",", "+")}
     if not args.suite:
         raise SystemExit("give --suite NAME or --suites A,B,... (or a queue: --suites all)")
     if args.suite == "patched":
         if not args.backend:
             raise SystemExit("--suite patched needs --backend (the patched tree's registry name)")
-        return plans.patched_suite(args.backend, args.kv_cache_dtype)
+        return {
+            **plans.patched_suite(args.backend, args.kv_cache_dtype),
+            "name": f"patched-{args.backend.lower()}",
+        }
     if args.suite in plans.SUITES:
-        return plans.SUITES[args.suite]
+        return {**plans.SUITES[args.suite], "name": args.suite}
     path = Path(args.suite)
     if path.is_file():
-        return json.loads(path.read_text())
+        return {"name": path.stem, **json.loads(path.read_text())}
     raise SystemExit(
         f"unknown suite {args.suite!r}; valid: {', '.join(plans.SUITES)}, patched, or a JSON file"
     )

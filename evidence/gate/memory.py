@@ -26,12 +26,14 @@ length refused and vLLM's estimate of the longest it could hold), never a memory
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
+from gate.plan import DROP_RESERVATION_ENV as DROP_ENV
+
 KIND = "dcp_memory"
 SCHEMA_VERSION = 1
-DROP_ENV = "GATE_DROP_DCP_RESERVATION"
 REFUSAL_MARK = "DCP headroom check"
 # vLLM's own start-up refusal of a max_model_len its KV pool cannot hold (kv_cache_planning.py)
 KV_REFUSAL_MARK = "KV cache is needed, which is larger than the available KV cache memory"
@@ -84,7 +86,7 @@ def twin_key(run: dict[str, Any]) -> str:
     cfg = dict(run.get("config") or {})
     cfg.pop("name", None)
     cfg["env"] = {k: v for k, v in (cfg.get("env") or {}).items() if k != DROP_ENV}
-    return repr(sorted((k, repr(v)) for k, v in cfg.items()))
+    return json.dumps(cfg, sort_keys=True)
 
 
 def refused(run: dict[str, Any]) -> bool:
@@ -99,11 +101,21 @@ def capacity_refused(run: dict[str, Any]) -> bool:
 
 
 def run_verdict(run: dict[str, Any]) -> dict[str, Any]:
-    """Every rank of one run; ``within``: all ranks judged and within (None: not judged)."""
+    """Every rank of one run. ``within`` is judged only for a run that completed its clean
+    pass with a memory record from each of its ranks (True: every rank within); else None,
+    with ``why`` (a crash, a deadline, a missing rank: never a pass)."""
     ranks = [rank_verdict(m) for m in run.get("memory") or []]
     cfg = run.get("config") or {}
-    judged = [r["within"] for r in ranks if r["within"] is not None]
-    within = all(judged) if ranks and len(judged) == len(ranks) else None
+    world = int(cfg.get("tp") or 1)
+    seen = sorted(r["rank"] for r in ranks if r["rank"] is not None)
+    why = None
+    if not run.get("ok") or "clean" not in (run.get("passes_complete") or []):
+        why = "the run did not complete (its clean pass or a rank failed)"
+    elif seen != list(range(world)):
+        why = f"memory records of ranks {seen}, not of all {world}"
+    elif any(r["within"] is None for r in ranks):
+        why = "a rank has nothing to judge"
+    within = None if why else all(r["within"] for r in ranks)
     over = [
         r[k]["peak_bytes"] - r["budget_bytes"]
         for r in ranks
@@ -123,6 +135,12 @@ def run_verdict(run: dict[str, Any]) -> dict[str, Any]:
         "capacity_refused": capacity_refused(run),
         "error": (run.get("error") or None) and str(run["error"])[:600],
         "within": within,
+        "why_not_judged": why,
+        "failed_steps": [
+            {"rank": m.get("rank"), **m["failed_step"]}
+            for m in run.get("memory") or []
+            if m.get("failed_step")
+        ],
         "largest_overrun_bytes": max(over) if over else None,
         "ranks": ranks,
     }
@@ -138,14 +156,17 @@ def control_verdict(control: dict[str, Any], twin: dict[str, Any] | None) -> dic
         return {"caught": None, "why": "no twin run (same configuration, no control)"}
     out: dict[str, Any] = {"twin": twin["run"], "twin_within": twin["within"]}
     if kind == "all":
-        out["caught"] = control["refused"]
+        out["caught"] = control["refused"] and twin["within"] is True
         return out
     out["caught"] = control["within"] is False and twin["within"] is True
-    twin_peaks = [r.get("profiled_peak_bytes") for r in twin["ranks"]]
-    ctl_peaks = [r.get("profiled_peak_bytes") for r in control["ranks"]]
-    if len(twin_peaks) == len(ctl_peaks) > 0 and None not in twin_peaks + ctl_peaks:
-        pairs = zip(twin_peaks, ctl_peaks, strict=True)
-        out["reservation_bytes_by_rank"] = [a - b for a, b in pairs]
+    twin_peaks = {r["rank"]: r.get("profiled_peak_bytes") for r in twin["ranks"]}
+    ctl_peaks = {r["rank"]: r.get("profiled_peak_bytes") for r in control["ranks"]}
+    if twin_peaks and twin_peaks.keys() == ctl_peaks.keys():
+        out["reservation_bytes_by_rank"] = {
+            str(rank): twin_peaks[rank] - ctl_peaks[rank]
+            for rank in sorted(twin_peaks)
+            if twin_peaks[rank] is not None and ctl_peaks[rank] is not None
+        }
     return out
 
 
@@ -227,15 +248,52 @@ def memory_result(runs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
         for n, r in probed.items()
         if drop_of(r)
     }
-    # a capacity refusal by vLLM is a capacity row, not a memory verdict
+    # a capacity refusal by vLLM is a capacity row, not a memory verdict; DCP = 1 runs (no
+    # series DCP path) are the baseline, the headline judges the DCP > 1 runs
     judged = [v for v in verdicts.values() if v["control"] is None and not v["capacity_refused"]]
+    series = [v for v in judged if (v["dcp"] or 1) > 1]
+    baseline = [v for v in judged if (v["dcp"] or 1) == 1]
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": KIND,
         "rule": "every rank's largest prefill and decode step peak <= profiled peak + KV pool",
+        "all_within_covers": "the DCP > 1 runs that are not controls (DCP = 1: baseline_within)",
         "runs": verdicts,
         "controls": controls,
-        "all_within": bool(judged) and all(v["within"] is True for v in judged),
+        "all_within": bool(series) and all(v["within"] is True for v in series),
+        "baseline_within": (all(v["within"] is True for v in baseline) if baseline else None),
         "controls_caught": bool(controls) and all(c["caught"] is True for c in controls.values()),
         "capacity": capacity_rows(list(probed.values())),
     }
+
+
+RESULT_KEYS = (
+    "schema_version",
+    "kind",
+    "rule",
+    "runs",
+    "controls",
+    "all_within",
+    "baseline_within",
+    "controls_caught",
+    "capacity",
+    "command",
+    "revision",
+    "base",
+    "machine",
+)
+
+
+def validate(doc: dict[str, Any]) -> list[str]:
+    """What is missing or inconsistent in a memory result before it is written."""
+    out = [f"missing {k}" for k in RESULT_KEYS if k not in doc]
+    if doc.get("kind") != KIND:
+        out.append(f"kind {doc.get('kind')!r}, want {KIND!r}")
+    for name, v in (doc.get("runs") or {}).items():
+        if v.get("within") is None and not v.get("why_not_judged") and not v.get("control"):
+            if not v.get("capacity_refused"):
+                out.append(f"run {name}: not judged, and no reason given")
+    for name in doc.get("controls") or {}:
+        if name not in (doc.get("runs") or {}):
+            out.append(f"control {name} is not among the runs")
+    return out

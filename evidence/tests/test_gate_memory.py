@@ -68,6 +68,45 @@ def test_a_rank_within_its_budget_and_one_over_it():
     assert over["decode"]["within"] is True
 
 
+def test_a_crashed_or_cut_run_or_a_missing_rank_is_never_within():
+    """A run that failed after some steps (its records within), one cut before its clean
+    pass ended, and one with a rank's record missing are not judged, and fail the headline."""
+    crashed = run("m-dcp2")
+    crashed["ok"], crashed["error"] = False, "rank 1: torch.OutOfMemoryError: CUDA out of memory"
+    crashed["memory"][1]["failed_step"] = {"kind": "prefill", "tokens": 8192, "peak_bytes": 9}
+    cut = run("m-dcp2")
+    cut["passes_complete"] = []
+    lost = run("m-dcp2")
+    lost["memory"] = lost["memory"][:1]
+    for bad, why in ((crashed, "did not complete"), (cut, "did not complete"), (lost, "[0]")):
+        got = memory.run_verdict(bad)
+        assert got["within"] is None and why in got["why_not_judged"]
+        assert memory.memory_result({"m-dcp2": bad})["all_within"] is False
+    assert memory.run_verdict(crashed)["failed_steps"] == [
+        {"rank": 1, "kind": "prefill", "tokens": 8192, "peak_bytes": 9}
+    ]
+
+
+def test_the_headline_judges_dcp_runs_and_a_control_needs_a_twin_that_ran():
+    """DCP = 1 runs are the baseline; an ``all`` control whose twin was refused too is not
+    caught; the twin is found whatever order the configuration's keys were written in."""
+    dcp1 = run("m-dcp1", dcp=1, peaks=[(GIB, GIB, 3 * GIB, GIB)])  # over its budget
+    doc = memory.memory_result({"m-dcp1": dcp1, "m-dcp2": run("m-dcp2")})
+    assert doc["all_within"] is True and doc["baseline_within"] is False
+    msg = "DCP headroom check: refused"
+    twin = run("m-dcp2", ok=False, error=msg)
+    ctl = run("m-dcp2-x", drop="all", ok=False, error=msg)
+    assert (
+        memory.memory_result({"m-dcp2": twin, "m-dcp2-x": ctl})["controls"]["m-dcp2-x"]["caught"]
+        is False
+    )
+    shuffled = run("m-dcp2-x", drop="all", ok=False, error=msg)
+    shuffled["config"] = dict(reversed(list(shuffled["config"].items())))
+    shuffled["config"]["env"] = dict(reversed(list(shuffled["config"]["env"].items())))
+    doc = memory.memory_result({"m-dcp2": run("m-dcp2"), "m-dcp2-x": shuffled})
+    assert doc["controls"]["m-dcp2-x"] == {"twin": "m-dcp2", "twin_within": True, "caught": True}
+
+
 def test_nothing_to_judge_is_not_a_pass():
     assert memory.rank_verdict({"steps": {}})["within"] is None
     no_steps = rank_mem(0, GIB, GIB, 0, 0)
@@ -87,7 +126,7 @@ def test_the_alloc_control_is_caught_only_when_it_overruns_and_its_twin_does_not
     assert doc["all_within"] is True
     got = doc["controls"]["m-dcp2-noreserve"]
     assert got["caught"] is True and got["twin"] == "m-dcp2"
-    assert got["reservation_bytes_by_rank"] == [GIB, GIB]
+    assert got["reservation_bytes_by_rank"] == {"0": GIB, "1": GIB}
     assert doc["runs"]["m-dcp2-noreserve"]["largest_overrun_bytes"] == 5
     # a control that stays within is not caught, and then neither are the controls
     quiet = run("m-dcp2-noreserve", drop="alloc")
@@ -143,11 +182,15 @@ def test_no_probed_run_writes_no_memory_file():
 
 
 def test_step_folding_keeps_the_largest_peak_per_class():
-    memory_probe._STATE["steps"] = {}
+    """Each class keeps its largest peak; the sampling after a step raises that step's peak;
+    a step that raised is kept apart and never counted as a step."""
+    memory_probe._STATE.update(steps={}, last=None, failed_step=None)
     memory_probe.record_step({"a": 8192}, 7, 9)
     memory_probe.record_step({"a": 4000, "b": 1}, 8, 8)
     memory_probe.record_step({"a": 1, "b": 1}, 3, 4)
+    memory_probe.fold_sampling(6, 6)  # the decode step's sampling peaked higher
     memory_probe.record_step({"a": 1}, 2, 5)
+    memory_probe.record_step({"a": 9000}, 99, 99, failed=True)
     got = memory_probe._STATE["steps"]
     assert got["prefill"] == {
         "steps": 2,
@@ -156,8 +199,14 @@ def test_step_folding_keeps_the_largest_peak_per_class():
         "max_step_tokens": 8192,
         "peak_reserved_bytes": 9,
     }
-    assert got["decode"]["peak_bytes"] == 3 and got["decode"]["steps"] == 2
-    assert got["decode"]["peak_reserved_bytes"] == 5
+    assert got["decode"]["peak_bytes"] == 6 and got["decode"]["steps"] == 2
+    assert got["decode"]["peak_reserved_bytes"] == 6
+    assert memory_probe._STATE["failed_step"] == {
+        "kind": "prefill",
+        "tokens": 9000,
+        "peak_bytes": 99,
+    }
+    assert memory_probe._STATE["last"] is None
 
 
 @pytest.mark.parametrize(
@@ -185,7 +234,7 @@ def test_a_control_needs_a_known_value_and_the_probe(env, probe, ok, monkeypatch
 
 
 WRAP_PROBE = r"""
-import json, os, sys
+import inspect, json, os, sys
 from types import SimpleNamespace
 from gate import memory_probe
 from vllm.v1.worker import gpu_worker
@@ -201,14 +250,30 @@ class FakeCuda:
 cuda = FakeCuda()
 memory_probe._cuda = lambda: cuda
 
+# the real methods the probe wraps, as it calls them
+W = gpu_worker.Worker
+signatures = {
+    name: list(inspect.signature(fn).parameters)
+    for name, fn in (
+        ("determine_available_memory", W.determine_available_memory),
+        ("execute_model", W.execute_model),
+        ("sample_tokens", W.sample_tokens),
+        ("_reserve_dcp_step", attention.DeepseekV32Attention._reserve_dcp_step),
+    )
+}
 def sizing(self):
     cuda.peak = 700  # the profiling forward's peak
     return 5000
 def step(self, so):
     cuda.peak = 900 if so.total_num_scheduled_tokens > 1 else 300
+    if so.total_num_scheduled_tokens == 7:
+        cuda.peak = 5555
+        raise MemoryError("out of memory")
     return "out"
-gpu_worker.Worker.determine_available_memory = sizing
-gpu_worker.Worker.execute_model = step
+def sample(self, grammar_output):
+    cuda.peak = max(cuda.peak, 400)
+    return "sampled"
+W.determine_available_memory, W.execute_model, W.sample_tokens = sizing, step, sample
 original = attention.DeepseekV32Attention._reserve_dcp_step
 memory_probe.install()
 memory_probe.install()  # idempotent
@@ -217,10 +282,15 @@ kv = w.determine_available_memory()
 def sched(n):
     return SimpleNamespace(num_scheduled_tokens=n, total_num_scheduled_tokens=sum(n.values()))
 outs = [w.execute_model(sched(n)) for n in ({"a": 50}, {"a": 1}, {})]
+outs.append(w.sample_tokens(None))  # after a decode step: its peak rises to 400
+try:
+    w.execute_model(sched({"a": 7}))
+except MemoryError:
+    outs.append("raised")
 layer = SimpleNamespace(dcp_reserved_rows=0)
 if os.environ.get(memory_probe.DROP_RESERVATION_ENV):
     attention.DeepseekV32Attention._reserve_dcp_step(layer, 64, None)
-print(json.dumps({"kv": kv, "outs": outs, "snap": memory_probe.snapshot(),
+print(json.dumps({"kv": kv, "outs": outs, "snap": memory_probe.snapshot(), "sig": signatures,
                   "replaced": attention.DeepseekV32Attention._reserve_dcp_step is not original,
                   "rows": layer.dcp_reserved_rows}))
 """
@@ -232,7 +302,13 @@ def test_the_probe_wraps_vllms_worker_and_the_controls_replace_the_reservation(d
     """In the patched tree: the sizing and each step pass through unchanged and are measured;
     ``alloc`` keeps 0016's row record without allocating, ``all`` keeps nothing."""
     got = run_probe(WRAP_PROBE, timeout=300, env={plan.DROP_RESERVATION_ENV: drop})
-    assert got["kv"] == 5000 and got["outs"] == ["out", "out", "out"]
+    assert got["sig"] == {
+        "determine_available_memory": ["self"],
+        "execute_model": ["self", "scheduler_output"],
+        "sample_tokens": ["self", "grammar_output"],
+        "_reserve_dcp_step": ["self", "rows", "device"],
+    }
+    assert got["kv"] == 5000 and got["outs"] == ["out", "out", "out", "sampled", "raised"]
     snap = got["snap"]
     assert snap["profile"] == {
         "allocated_before_bytes": 100,
@@ -241,7 +317,8 @@ def test_the_probe_wraps_vllms_worker_and_the_controls_replace_the_reservation(d
         "kv_cache_bytes": 5000,
     }
     assert snap["steps"]["prefill"]["peak_bytes"] == 900
-    assert snap["steps"]["decode"]["peak_bytes"] == 300
+    assert snap["steps"]["decode"]["peak_bytes"] == 400
+    assert snap["failed_step"] == {"kind": "prefill", "tokens": 7, "peak_bytes": 5555}
     assert snap["reservation_dropped"] == (drop or None)
     assert got["replaced"] is bool(drop)
     if drop:
@@ -282,13 +359,16 @@ def test_a_memory_suite_runs_end_to_end_through_the_launcher(tmp_path: Path):
     }
     proc = run_suite(tmp_path, suite)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    doc = json.loads((tmp_path / "out" / "dcp-memory.json").read_text())
+    doc = json.loads((tmp_path / "out" / "dcp-memory-suite.json").read_text())
     assert doc["kind"] == memory.KIND and doc["all_within"] is True
     assert doc["controls_caught"] is True, doc["controls"]
     assert doc["runs"]["m-tp2-dcp2"]["within"] is True
     assert [r["rank"] for r in doc["runs"]["m-tp2-dcp2"]["ranks"]] == [0, 1]
     assert doc["runs"]["m-tp2-dcp2-unreserved"]["refused"] is True
-    assert doc["controls"]["m-tp2-dcp2-noalloc"]["reservation_bytes_by_rank"] == [GIB, GIB]
+    assert doc["controls"]["m-tp2-dcp2-noalloc"]["reservation_bytes_by_rank"] == {
+        "0": GIB,
+        "1": GIB,
+    }
     assert [(r["dcp"], r["tokens"]) for r in doc["capacity"]] == [(1, 999 * 64), (2, 998 * 128)]
     assert doc["revision"]["series"] == "abc123"
 
@@ -313,5 +393,18 @@ def test_a_run_vllm_refused_for_capacity_is_a_capacity_row_not_a_memory_verdict(
     assert row["vllm_estimated_max_model_len"] == 39488
     other = run("c-dcp1-long", dcp=1, ok=False, error="rank 0: RuntimeError: CUDA error")
     doc = memory.memory_result({"c-dcp2": served, "c-dcp1-long": other})
-    assert doc["all_within"] is False
+    assert doc["baseline_within"] is False and doc["all_within"] is True
     assert [r["run"] for r in doc["capacity"]] == ["c-dcp2"]
+
+
+def test_a_malformed_memory_result_is_named():
+    doc = memory.memory_result({"m-dcp2": run("m-dcp2")})
+    assert memory.validate(doc | {"command": "c", "revision": {}, "base": {}, "machine": {}}) == []
+    assert "missing command" in memory.validate(doc)
+    bad = copy.deepcopy(doc) | {"command": "c", "revision": {}, "base": {}, "machine": {}}
+    bad["runs"]["m-dcp2"].update(within=None, why_not_judged=None)
+    bad["controls"]["ghost"] = {"caught": None}
+    assert memory.validate(bad) == [
+        "run m-dcp2: not judged, and no reason given",
+        "control ghost is not among the runs",
+    ]
