@@ -829,8 +829,9 @@ def memory_section() -> list[str]:
     for name, d in load("dcp-memory*.json"):
         out += [f"### DCP memory test ({card(d)}, {base_of(d)}), `{name}`", ""]
         out += [
-            f"Rule: {d.get('rule')}. All runs within: {d.get('all_within')}; negative controls "
-            f"caught: {d.get('controls_caught')}. Revision {revision(d)}; "
+            f"Rule: {d.get('rule')}. All DCP runs within: {d.get('all_within')} (DCP = 1 "
+            f"baseline: {d.get('baseline_within')}); negative controls caught: "
+            f"{d.get('controls_caught')}. Revision {revision(d)}; "
             f"{', '.join(d.get('transport') or []) or '-'}. GiB per rank; margin: the smallest "
             "over the ranks (budget - step peak).",
             "",
@@ -843,7 +844,7 @@ def memory_section() -> list[str]:
                 got = [r[kind][field] for r in ranks if kind in r]
                 return min(got) if got else None
 
-            peaks = [r[k]["peak_bytes"] for r in ranks for k in ("prefill",) if k in r]
+            peaks = [r["prefill"]["peak_bytes"] for r in ranks if "prefill" in r]
             caught = (d.get("controls") or {}).get(run, {}).get("caught")
             rows.append(
                 [

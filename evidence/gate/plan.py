@@ -174,7 +174,8 @@ class GateConfig:
     engine_extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # into LLM(**kw)
     warmup: bool = False  # later runs of the queue wait until this one's engine is up
     # record each rank's memory (gate/memory_probe.py): the profiled peak, each step's peak
-    # and vLLM's KV figures; it synchronises every step, so timed runs leave it off
+    # and vLLM's KV figures; it synchronises the device around every step (a run's decode
+    # times then include that), and needs an eager run: a CUDA graph replay allocates nothing
     memory_probe: bool = False
     # vLLM's prefix cache; off unless a gate tests it: repeated and faulted passes must
     # recompute. On, the repeat pass re-serves the clean prompts from the cache (a cache hit).
@@ -246,6 +247,13 @@ class GateConfig:
                 )
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
             out.append("env must map str to str")
+        if not isinstance(self.memory_probe, bool):
+            out.append(f"memory_probe must be a bool, got {self.memory_probe!r}")
+        elif self.memory_probe and self.graphs:
+            out.append(
+                "memory_probe needs an eager run (graphs false): a CUDA graph replay "
+                "allocates nothing the probe could see"
+            )
         drop = self.env.get(DROP_RESERVATION_ENV)
         if drop is not None and (drop not in DROP_RESERVATION or not self.memory_probe):
             out.append(

@@ -647,6 +647,10 @@ def gate_result(
             and fault_rate is not None
             and fault_rate <= ACCEPT_FAULT_SHARE * rate
         )
+    cache = prefix_cache_report(cand, cand_pass)
+    if cache and cand_pass != "clean" and not cache["prefix_cache"]["every_prompt_hit"]:
+        # a prefix-cache gate whose candidate pass never hit the cache tests no cache hit
+        sufficient = False
     return {
         **extra,
         "schema_version": SCHEMA_VERSION,
@@ -673,7 +677,7 @@ def gate_result(
             "candidate": needle_retrieval(cand),
             "note": NEEDLE_RETRIEVAL_NOTE,
         },
-        **prefix_cache_report(cand, cand_pass),
+        **cache,
         "prompts": cmp["prompts"],
         "prompts_compared": sorted(cmp["prompts"]),
         # runs that did not complete (timed out, a rank died) whose finished passes were used

@@ -247,6 +247,8 @@ def test_a_gate_compares_the_candidate_pass_it_names():
     missed = _prefix_cached(repeat_shift=0.0, cached=0)
     res = _verdict(*missed[:2], cand_pass="repeat", control=missed[2])
     assert res["prefix_cache"]["every_prompt_hit"] is False
+    # a repeat pass the cache never served tests no cache hit: not meaningful
+    assert res["equivalent"] and not res["meaningful"]
 
 
 def test_the_control_run_is_the_negative_control_only_of_the_same_engine():

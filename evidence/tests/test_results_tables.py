@@ -163,7 +163,9 @@ def test_memory_table_shows_each_run_its_control_and_the_capacity(tmp_path, monk
     (tmp_path / "dcp-memory.json").write_text(json.dumps(doc))
     monkeypatch.setattr(results_tables, "RESULTS", tmp_path)
     text = "\n".join(results_tables.memory_section())
-    assert "All runs within: True; negative controls caught: True" in text
+    assert "All DCP runs within: True (DCP = 1 baseline: True); negative controls caught: True" in (
+        text
+    )
     assert "| `m-dcp2-unreserved` | 2/2 | - | query | all | refused | True |" in text
     assert (
         f"| `m-dcp2` | 2/2 | - | query | - | True | - | {5 * gib / gib:.2f} | 4.00 | 1.00 |" in text
