@@ -516,12 +516,9 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
         # the runs' revision (what was tested) plus the one that derived the verdict
         result["revision"] = dict(cand.get("revision") or {}, report=revision()["series"])
         result["machine"] = cand.get("machine")
-        problems = verdict.validate(result)
-        if problems:
-            raise SystemExit(f"gate {gate}: malformed result {problems}")
-        path = out / f"dcp-gate-{gate}.json"
-        path.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-        written.append(path)
+        written.append(
+            _write_result(out / f"dcp-gate-{gate}.json", result, verdict.validate, f"gate {gate}")
+        )
         print(
             f"GATE {gate}: equivalent={result['equivalent']} max={result['max_abs_logprob_diff']} "
             f"atol={tol['atol_logprob']:.4g} negative_control_detected="
@@ -539,19 +536,24 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
             machine=first.get("machine"),
             transport=sorted({runs[n].get("transport") for n in mem["runs"]} - {None}),
         )
-        problems = memory.validate(mem)
-        if problems:
-            raise SystemExit(f"memory test: malformed result {problems}")
         # one file per suite or queue: a report of another suite never replaces it
         path = out / f"dcp-memory-{suite.get('name') or 'suite'}.json"
-        path.write_text(json.dumps(mem, indent=1, sort_keys=True) + "\n")
-        written.append(path)
+        written.append(_write_result(path, mem, memory.validate, "memory test"))
         print(
             f"MEMORY all_within={mem['all_within']} controls_caught={mem['controls_caught']} "
             f"capacity rows={len(mem['capacity'])}",
             flush=True,
         )
     return written
+
+
+def _write_result(path: Path, doc: dict[str, Any], validate: Any, what: str) -> Path:
+    """Write one result after its validator found nothing wrong (else stop, naming it)."""
+    problems = validate(doc)
+    if problems:
+        raise SystemExit(f"{what}: malformed result {problems}")
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    return path
 
 
 def gate_spec(spec: Any) -> tuple[str, str, str]:

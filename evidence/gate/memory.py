@@ -181,40 +181,34 @@ def capacity_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         dcp = int(cfg.get("dcp", 1))
         if drop_of(run):
             continue
-        if not engine.get("num_gpu_blocks"):
-            if capacity_refused(run):
-                estimated = _ESTIMATED_LEN.search(str(run.get("error")))
-                rows.append(
-                    {
-                        "run": run.get("name"),
-                        "checkpoint": str(cfg.get("model", "")).rstrip("/").rsplit("/", 1)[-1],
-                        "kv_cache_memory_bytes": cfg.get("kv_cache_memory_bytes"),
-                        "tp": cfg.get("tp"),
-                        "dcp": dcp,
-                        "tokens": None,
-                        "refused_max_model_len": cfg.get("max_model_len"),
-                        "vllm_estimated_max_model_len": int(estimated.group(1))
-                        if estimated
-                        else None,
-                        "longest_prompt_served": None,
-                    }
-                )
+        row = {
+            "run": run.get("name"),
+            "checkpoint": str(cfg.get("model", "")).rstrip("/").rsplit("/", 1)[-1],
+            "kv_cache_memory_bytes": cfg.get("kv_cache_memory_bytes"),
+            "tp": cfg.get("tp"),
+            "dcp": dcp,
+            "max_model_len": cfg.get("max_model_len"),
+        }
+        if engine.get("num_gpu_blocks"):
+            blocks, block = int(engine["num_gpu_blocks"]), int(engine.get("block_size") or 0)
+            row.update(
+                num_gpu_blocks=blocks,
+                block_size=block,
+                tokens=blocks * block * dcp,
+                vllm_kv_cache_size_tokens=engine.get("kv_cache_size_tokens"),
+                longest_prompt_served=longest_served(run),
+            )
+        elif capacity_refused(run):
+            estimated = _ESTIMATED_LEN.search(str(run.get("error")))
+            row.update(
+                tokens=None,
+                refused_max_model_len=cfg.get("max_model_len"),
+                vllm_estimated_max_model_len=int(estimated.group(1)) if estimated else None,
+                longest_prompt_served=None,
+            )
+        else:
             continue
-        rows.append(
-            {
-                "run": run.get("name"),
-                "checkpoint": str(cfg.get("model", "")).rstrip("/").rsplit("/", 1)[-1],
-                "kv_cache_memory_bytes": cfg.get("kv_cache_memory_bytes"),
-                "tp": cfg.get("tp"),
-                "dcp": dcp,
-                "num_gpu_blocks": engine["num_gpu_blocks"],
-                "block_size": engine.get("block_size"),
-                "tokens": int(engine["num_gpu_blocks"]) * int(engine.get("block_size") or 0) * dcp,
-                "vllm_kv_cache_size_tokens": engine.get("kv_cache_size_tokens"),
-                "max_model_len": cfg.get("max_model_len"),
-                "longest_prompt_served": longest_served(run),
-            }
-        )
+        rows.append(row)
     base: dict[tuple[str, Any], int] = {}
     for r in rows:
         if r["dcp"] == 1 and r["tokens"]:
