@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import json
 import random
+from collections.abc import Sequence
 from typing import Any
 
 # Token ids drawn for prompts: skip bos/eos (0, 1), stay below every gate vocabulary (32000).
@@ -316,20 +317,26 @@ def perturb(ids: list[int], position: int = PERTURB_POSITION) -> list[int]:
 
 
 def pass_groups(cfg: GateConfig, pass_name: str) -> list[list[str]]:
-    """The generate() calls of one pass, each a list of prompt keys sent together.
+    """The generate() calls of one pass of ``cfg`` (see pass_keys)."""
+    return pass_keys(cfg.lens, cfg.batch_lens, pass_name)
+
+
+def pass_keys(lens: Sequence[int], batch_lens: Sequence[int], pass_name: str) -> list[list[str]]:
+    """The generate() calls of one pass of a run serving single prompts of ``lens`` and one
+    batch of ``batch_lens``, each a list of prompt keys sent together.
 
     ``clean``: every single prompt on its own, then the batch together. ``repeat`` (identical
     runs) and ``fault`` (the negative control): the two shortest single prompts and the batch.
     ``sensitivity``: every single prompt with the token at PERTURB_POSITION changed
     (keys ``single/<n>~p<pos>``)."""
-    singles = [[f"single/{n}"] for n in cfg.lens]
-    batch = [[f"batch/{i}/{n}" for i, n in enumerate(cfg.batch_lens)]] if cfg.batch_lens else []
+    singles = [[f"single/{n}"] for n in lens]
+    batch = [[f"batch/{i}/{n}" for i, n in enumerate(batch_lens)]] if batch_lens else []
     if pass_name == "clean":
         return singles + batch
     if pass_name in ("repeat", "fault"):
         return singles[:2] + batch
     if pass_name == "sensitivity":
-        return [[f"single/{n}~p{PERTURB_POSITION}"] for n in cfg.lens]
+        return [[f"single/{n}~p{PERTURB_POSITION}"] for n in lens]
     raise ValueError(f"unknown pass {pass_name!r}; valid: {', '.join(PASSES)}")
 
 

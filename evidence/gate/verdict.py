@@ -26,6 +26,7 @@ import math
 import statistics
 from typing import Any
 
+from gate import plan
 from gate.ledger import phase_sums
 
 SENSITIVITY_MEASURE = (
@@ -712,10 +713,8 @@ def expected_keys(run: dict[str, Any], pass_name: str = "clean") -> list[str]:
     if pass_name not in ("clean", "repeat", "fault"):
         raise ValueError(f"expected keys of pass {pass_name!r}; valid: clean, repeat, fault")
     c = run.get("config") or {}
-    singles = [f"single/{n}" for n in c.get("lens") or []]
-    if pass_name != "clean":
-        singles = singles[:2]
-    return singles + [f"batch/{i}/{n}" for i, n in enumerate(c.get("batch_lens") or [])]
+    groups = plan.pass_keys(c.get("lens") or [], c.get("batch_lens") or [], pass_name)
+    return [key for group in groups for key in group]
 
 
 # What a control run's configuration may change from its candidate's: it runs the fault pass
