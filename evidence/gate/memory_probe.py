@@ -176,10 +176,12 @@ def drop_reservation(what: str) -> None:
 def dcp_reservation(model: Any) -> dict[str, Any] | None:
     """0016's plan and reservation over the model's DCP layers (run through
     ``LLM.apply_model``); ``None`` on a tree or configuration without them."""
+    from vllm.v1.attention.ops.dcp_memory import largest_plan
+
     layers = [m for m in model.modules() if getattr(m, "dcp_step_plan", None) is not None]
     if not layers:
         return None
-    largest = max((m.dcp_step_plan for m in layers), key=lambda p: p.peak_bytes)
+    largest = largest_plan(m.dcp_step_plan for m in layers)
     return {
         "layers": len(layers),
         "reserved_rows": min(int(m.dcp_reserved_rows) for m in layers),

@@ -408,3 +408,38 @@ def test_a_malformed_memory_result_is_named():
         "run m-dcp2: not judged, and no reason given",
         "control ghost is not among the runs",
     ]
+
+
+RESERVATION_PROBE = r"""
+import json
+import torch.nn as nn
+from gate import memory_probe
+from vllm.v1.attention.ops.dcp_memory import query_route_plan
+
+class Layer(nn.Module):
+    def __init__(self, rows, reserved):
+        super().__init__()
+        self.dcp_step_plan = query_route_plan(rows, 16, 4, "a2a", topk=512)
+        self.dcp_reserved_rows = reserved
+
+model = nn.Sequential(Layer(8192, 8192), Layer(4096, 2048), nn.Linear(2, 2))
+print(json.dumps({
+    "got": memory_probe.dcp_reservation(model),
+    "none": memory_probe.dcp_reservation(nn.Linear(2, 2)),
+    "peak": query_route_plan(8192, 16, 4, "a2a", topk=512).peak_bytes,
+}))
+"""
+
+
+@needs_venv
+def test_the_reservation_record_reads_0016s_plans_through_its_own_largest_plan():
+    """The largest plan (0016's largest_plan) and the fewest rows any layer reserved."""
+    got = run_probe(RESERVATION_PROBE, timeout=300)
+    assert got["none"] is None
+    assert got["got"] == {
+        "layers": 2,
+        "reserved_rows": 2048,
+        "plan_rows": 8192,
+        "plan_peak_phase": "combine",
+        "plan_peak_bytes": got["peak"],
+    }
