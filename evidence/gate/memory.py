@@ -172,7 +172,8 @@ def control_verdict(control: dict[str, Any], twin: dict[str, Any] | None) -> dic
 
 def capacity_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """vLLM's KV capacity per run (rank 0's figures; every rank holds the same pool), grouped
-    by checkpoint and KV bytes per rank, with the ratio of tokens to the group's DCP = 1."""
+    by checkpoint, backend (its KV record layout sets the tokens a block of bytes holds) and
+    KV bytes per rank, with the ratio of tokens to the group's DCP = 1 (None without one)."""
     rows = []
     for run in runs:
         mems = run.get("memory") or []
@@ -184,6 +185,7 @@ def capacity_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row = {
             "run": run.get("name"),
             "checkpoint": str(cfg.get("model", "")).rstrip("/").rsplit("/", 1)[-1],
+            "backend": cfg.get("backend"),
             "kv_cache_memory_bytes": cfg.get("kv_cache_memory_bytes"),
             "tp": cfg.get("tp"),
             "dcp": dcp,
@@ -209,12 +211,16 @@ def capacity_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             continue
         rows.append(row)
-    base: dict[tuple[str, Any], int] = {}
+
+    def group(r: dict[str, Any]) -> tuple[Any, ...]:
+        return r["checkpoint"], r["backend"], r["kv_cache_memory_bytes"]
+
+    base: dict[tuple[Any, ...], int] = {}
     for r in rows:
         if r["dcp"] == 1 and r["tokens"]:
-            base.setdefault((r["checkpoint"], r["kv_cache_memory_bytes"]), r["tokens"])
+            base.setdefault(group(r), r["tokens"])
     for r in rows:
-        one = base.get((r["checkpoint"], r["kv_cache_memory_bytes"]))
+        one = base.get(group(r))
         r["tokens_vs_dcp1"] = round(r["tokens"] / one, 3) if one and r["tokens"] else None
     return sorted(rows, key=lambda r: (r["checkpoint"], r["kv_cache_memory_bytes"] or 0, r["dcp"]))
 

@@ -174,6 +174,23 @@ def test_capacity_scales_with_dcp_per_checkpoint_and_pool_and_skips_controls():
     assert memory.capacity_rows([runs["cap-dcp1"]])[0]["longest_prompt_served"] is None
 
 
+def test_capacity_compares_a_backend_only_with_its_own_dcp1():
+    runs = {}
+    for name, dcp, backend, blocks in (
+        ("t-dcp1", 1, "TRITON_MLA_SPARSE_FP8_DS_MLA", 5555),
+        ("t-dcp2", 2, "TRITON_MLA_SPARSE_FP8_DS_MLA", 5555),
+        ("fa-dcp2", 2, "FLASH_ATTN_MLA_SPARSE", 3352),
+    ):
+        r = run(name, dcp=dcp)
+        r["config"]["backend"] = backend
+        for m in r["memory"]:
+            m["engine"] = {"num_gpu_blocks": blocks, "block_size": 64}
+        runs[name] = r
+    ratio = {r["run"]: r["tokens_vs_dcp1"] for r in memory.capacity_rows(list(runs.values()))}
+    # another record layout holds another number of tokens per byte: no DCP = 1 to compare with
+    assert ratio == {"t-dcp1": 1.0, "t-dcp2": 2.0, "fa-dcp2": None}
+
+
 def test_no_probed_run_writes_no_memory_file():
     r = run("a")
     r["config"]["memory_probe"] = False
