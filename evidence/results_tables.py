@@ -823,6 +823,19 @@ def _gib(n: int | None) -> str:
     return "-" if n is None else f"{n / (1 << 30):.2f}"
 
 
+def peak_site(ranks: list[dict], kind: str, by: Any) -> str:
+    """Where ``kind``'s peak happened (gate/memory.py ``peak_at``) on the rank with the
+    largest ``by(rank)``: the module (its layer index apart) and its transient in GiB ("-"
+    for a record without attribution)."""
+    ranks = [r for r in ranks if ((r.get("peak_at") or {}).get(kind)) and by(r) is not None]
+    if not ranks:
+        return "-"
+    site = max(ranks, key=by)["peak_at"][kind][0]
+    layer = re.fullmatch(r"(?:.*\.)?layers\.(\d+)(?:\.(.+))?", site["module"])
+    name = f"{layer[2] or 'layer'} (L{layer[1]})" if layer else site["module"]
+    return f"{name} +{_gib(site['peak_bytes'] - site['entry_bytes'])}"
+
+
 def memory_section() -> list[str]:
     """The memory test and the capacity table (``dcp-memory*.json``, gate/memory.py)."""
     out: list[str] = []
@@ -833,7 +846,9 @@ def memory_section() -> list[str]:
             f"baseline: {d.get('baseline_within')}); negative controls caught: "
             f"{d.get('controls_caught')}. Revision {revision(d)}; "
             f"{', '.join(d.get('transport') or []) or '-'}. GiB per rank; margin: the smallest "
-            "over the ranks (budget - step peak).",
+            "over the ranks (budget - step peak); peak at: the module where the largest prefill "
+            "step (profiling forward) peaked on the rank with the largest such peak, and the "
+            "transient it allocated there.",
             "",
         ]
         rows = []
@@ -859,6 +874,10 @@ def memory_section() -> list[str]:
                     _gib(max(peaks) if peaks else None),
                     _gib(least("prefill", "margin_bytes")),
                     _gib(least("decode", "margin_bytes")),
+                    peak_site(
+                        ranks, "prefill", lambda r: (r.get("prefill") or {}).get("peak_bytes")
+                    ),
+                    peak_site(ranks, "profile", lambda r: r.get("profiled_peak_bytes")),
                 ]
             )
         out += table(
@@ -874,6 +893,8 @@ def memory_section() -> list[str]:
                 "prefill peak",
                 "prefill margin",
                 "decode margin",
+                "prefill peak at",
+                "profile peak at",
             ],
             rows,
         )

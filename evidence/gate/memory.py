@@ -11,6 +11,9 @@ hands the pool. A rank stays inside its budget when every later step's peak does
 A step over it takes memory the KV pool was given: with a pool sized to the GPU, the
 out-of-memory error of a long prefill after a clean start-up. The verdict is per rank and
 per step class (the largest prefill chunk, decode); a run is ``within`` when every rank is.
+Each rank's ``peak_at`` carries the probe's attribution (None in records without it): per
+``profile``, ``prefill`` and ``decode``, the module sites of the highest segment peaks, the
+first being where that peak happened, with ``transient_bytes`` (peak - allocated at entry).
 
 Negative controls (runs whose environment sets ``GATE_DROP_DCP_RESERVATION``) are judged
 against their twin, the run of the same configuration without it: ``alloc`` (the series'
@@ -39,6 +42,21 @@ REFUSAL_MARK = "DCP headroom check"
 KV_REFUSAL_MARK = "KV cache is needed, which is larger than the available KV cache memory"
 _ESTIMATED_LEN = re.compile(r"estimated maximum model length is (\d+)")
 STEP_CLASSES = ("prefill", "decode")
+ATTRIBUTED = ("profile", *STEP_CLASSES)
+
+
+def peak_at(mem: dict[str, Any]) -> dict[str, Any] | None:
+    """Where the profile's and each step class's peak happened (the probe's attribution,
+    each site with its transient); None for a record without attribution."""
+    got = mem.get("attribution")
+    if not got:
+        return None
+    return {
+        kind: [s | {"transient_bytes": s["peak_bytes"] - s["entry_bytes"]} for s in got[kind]]
+        if got.get(kind)
+        else None
+        for kind in ATTRIBUTED
+    }
 
 
 def rank_verdict(mem: dict[str, Any]) -> dict[str, Any]:
@@ -46,7 +64,11 @@ def rank_verdict(mem: dict[str, Any]) -> dict[str, Any]:
     judge (no profile, or no step ran)."""
     profile = mem.get("profile")
     steps = mem.get("steps") or {}
-    out: dict[str, Any] = {"rank": mem.get("rank"), "dcp_reservation": mem.get("dcp_reservation")}
+    out: dict[str, Any] = {
+        "rank": mem.get("rank"),
+        "dcp_reservation": mem.get("dcp_reservation"),
+        "peak_at": peak_at(mem),
+    }
     if not profile:
         return {**out, "within": None, "why": "no profiling record (engine did not size its pool)"}
     budget = int(profile["peak_bytes"]) + int(profile["kv_cache_bytes"])
@@ -137,13 +159,19 @@ def run_verdict(run: dict[str, Any]) -> dict[str, Any]:
         "within": within,
         "why_not_judged": why,
         "failed_steps": [
-            {"rank": m.get("rank"), **m["failed_step"]}
+            {"rank": m.get("rank"), **m["failed_step"], **raised_in(m)}
             for m in run.get("memory") or []
             if m.get("failed_step")
         ],
         "largest_overrun_bytes": max(over) if over else None,
         "ranks": ranks,
     }
+
+
+def raised_in(mem: dict[str, Any]) -> dict[str, Any]:
+    """The module a rank's failed step raised in, when the probe attributed it."""
+    failed = (mem.get("attribution") or {}).get("failed_step")
+    return {"raised_in": failed["raised_in"]} if failed else {}
 
 
 def control_verdict(control: dict[str, Any], twin: dict[str, Any] | None) -> dict[str, Any]:

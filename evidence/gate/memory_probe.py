@@ -16,7 +16,22 @@ figures are each rank's own, valid under one-GPU emulation):
   request schedules more than one token) and ``decode`` (every request one); a step that
   raised is ``failed_step``;
 * ``engine``: after start-up, vLLM's own KV figures (blocks, block size, the token capacity
-  and concurrency it logs) and the DCP reservation 0016 recorded on the attention layers.
+  and concurrency it logs) and the DCP reservation 0016 recorded on the attention layers;
+* ``attribution``: where in the profiling forward (``profile``) and in the step that set each
+  class's peak (``prefill``, ``decode``) the memory peaked. Forward hooks on the model's modules
+  whose class name contains one of ``HOOKED_CLASSES`` (attention, indexer, MoE, MLP, decoder
+  layer, logits) cut the measured span into segments at every module entry and exit: each
+  segment's peak is torch's peak statistic since the previous cut (reset there), owned by the
+  innermost hooked module running (``outside modules`` between them: embedding, sampling).
+  Each class keeps its top ``TOP_SITES`` sites (a module's name with layer indices as ``*``;
+  the worst instance's name, class, peak and allocated bytes at the segment's entry, so the
+  transient is ``peak - entry``); a step that raised keeps the module it raised in
+  (``failed_step``). Guarantee: the recorded ``peak_bytes`` of the profile and of each step is
+  the largest segment peak, which is exactly the peak since the span began, as without the
+  hooks. The hooks are inert outside a measured span and while a CUDA graph is being captured.
+  The cuts reset torch's peak statistic inside a forward, so vLLM's own readings of it (its
+  memory profiling without an explicit ``kv_cache_memory_bytes``) do not hold in a probed run:
+  every gate run sets ``kv_cache_memory_bytes``.
 
 The negative controls, test-only and never shipped, are a rank environment variable
 ``GATE_DROP_DCP_RESERVATION``: ``alloc`` makes 0016's profiling reservation record its rows
@@ -31,19 +46,142 @@ fit the budget a profiled engine would have made.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from gate.plan import DROP_RESERVATION, DROP_RESERVATION_ENV
 
 DROP_CHOICES = ("", *DROP_RESERVATION)
 
-_STATE: dict[str, Any] = {"profile": None, "steps": {}, "last": None, "failed_step": None}
+_STATE: dict[str, Any] = {
+    "profile": None,
+    "steps": {},
+    "last": None,
+    "failed_step": None,
+    "span": None,  # the Segments being measured (a profile, or a step and its sampling)
+    "attribution": {},
+}
+# the modules the attribution cuts at: class names containing one of these
+HOOKED_CLASSES = (
+    "Attention",
+    "Indexer",
+    "MoE",
+    "MLP",
+    "DecoderLayer",
+    "LogitsProcessor",
+    "ParallelLMHead",
+)
+TOP_SITES = 3
+OUTSIDE = ("outside modules", "", "outside modules")  # (name, class, site) of the gaps
 
 
 def _cuda() -> Any:
     import torch
 
     return torch.cuda
+
+
+class Segments:
+    """One measured span cut at module boundaries (see ``attribution`` in the module
+    docstring). Opening it resets torch's peak statistic; ``peak_bytes`` and
+    ``peak_reserved_bytes`` are the running maxima over the segments closed so far."""
+
+    def __init__(self, cuda: Any) -> None:
+        self.cuda = cuda
+        self.stack = [OUTSIDE]
+        self.sites: dict[tuple[str, str], dict[str, Any]] = {}  # (site, class) -> worst
+        self.peak_bytes = self.peak_reserved_bytes = 0
+        cuda.reset_peak_memory_stats()
+        self.entry = cuda.memory_allocated()
+
+    def cut(self) -> None:
+        """Close the running segment (its peak to its owner) and start the next."""
+        cuda = self.cuda
+        peak = cuda.max_memory_allocated()
+        self.peak_bytes = max(self.peak_bytes, peak)
+        self.peak_reserved_bytes = max(self.peak_reserved_bytes, cuda.max_memory_reserved())
+        name, cls, site = self.stack[-1]
+        key = (site, cls)
+        if key not in self.sites or peak > self.sites[key]["peak_bytes"]:
+            self.sites[key] = {
+                "module": name,
+                "class": cls,
+                "peak_bytes": peak,
+                "entry_bytes": self.entry,
+            }
+        cuda.reset_peak_memory_stats()
+        self.entry = cuda.memory_allocated()
+
+    def enter(self, owner: tuple[str, str, str]) -> None:
+        self.cut()
+        self.stack.append(owner)
+
+    def leave(self, owner: tuple[str, str, str]) -> None:
+        """The parent owns the next segment (a module that raised inside this one and never
+        left is dropped with it)."""
+        self.cut()
+        if owner in self.stack[1:]:
+            del self.stack[len(self.stack) - 1 - self.stack[::-1].index(owner) :]
+
+    def top(self) -> list[dict[str, Any]]:
+        """The ``TOP_SITES`` sites with the highest segment peaks (JSON-ready)."""
+        ranked = sorted(self.sites.values(), key=lambda s: -s["peak_bytes"])
+        return [dict(s) for s in ranked[:TOP_SITES]]
+
+
+def _hook(owner: tuple[str, str, str], enter: bool) -> Any:
+    def hook(module: Any, *args: Any) -> None:
+        span = _STATE["span"]
+        if span is None or span.cuda.is_current_stream_capturing():
+            return
+        if enter:
+            span.enter(owner)
+        else:
+            span.leave(owner)
+
+    return hook
+
+
+def install_hooks(model: Any, classes: tuple[str, ...] = HOOKED_CLASSES) -> int:
+    """Hook the model's modules whose class name contains one of ``classes`` (once per
+    model); the number hooked."""
+    if model is None or getattr(model, "_gate_memory_hooks", None) is not None:
+        return 0
+    hooked = 0
+    for name, module in model.named_modules():
+        cls = type(module).__name__
+        if name and any(c in cls for c in classes):
+            owner = (name, cls, re.sub(r"\.\d+(?=\.|$)", ".*", name))  # layers.*: one site
+            module.register_forward_pre_hook(_hook(owner, True))
+            module.register_forward_hook(_hook(owner, False))
+            hooked += 1
+    model._gate_memory_hooks = hooked
+    return hooked
+
+
+def model_of(worker: Any) -> Any:
+    """The worker's model (the V2 runner's ``get_model()``, else its ``model``); None when
+    there is none yet."""
+    runner = getattr(worker, "model_runner", None)
+    try:
+        model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    except AttributeError:  # no runner, or no model loaded
+        return None
+    return model if hasattr(model, "named_modules") else None
+
+
+def open_span(cuda: Any) -> Segments:
+    """Start measuring (resets torch's peak statistic)."""
+    _STATE["span"] = span = Segments(cuda)
+    return span
+
+
+def close_span() -> Segments | None:
+    """Stop measuring: the last segment closed; the span, or None when none was open."""
+    span, _STATE["span"] = _STATE["span"], None
+    if span is not None:
+        span.cut()
+    return span
 
 
 def install() -> None:
@@ -61,16 +199,21 @@ def install() -> None:
     )
 
     def determine_available_memory(self: Any) -> int:
+        install_hooks(model_of(self))  # the model is loaded by now
         cuda = _cuda()
         cuda.synchronize()
         before = cuda.memory_allocated()
-        cuda.reset_peak_memory_stats()
-        kv_bytes = sizing(self)
-        cuda.synchronize()
+        span = open_span(cuda)
+        try:
+            kv_bytes = sizing(self)
+            cuda.synchronize()
+        finally:  # a refused start-up keeps where its profiling forward peaked
+            close_span()
+            _STATE["attribution"]["profile"] = span.top()
         _STATE["profile"] = {
             "allocated_before_bytes": before,
-            "peak_bytes": cuda.max_memory_allocated(),
-            "peak_reserved_bytes": cuda.max_memory_reserved(),
+            "peak_bytes": span.peak_bytes,
+            "peak_reserved_bytes": span.peak_reserved_bytes,
             "kv_cache_bytes": int(kv_bytes),
         }
         return kv_bytes
@@ -81,15 +224,24 @@ def install() -> None:
             return step(self, scheduler_output)
         cuda = _cuda()
         cuda.synchronize()
-        cuda.reset_peak_memory_stats()
+        span = open_span(cuda)  # stays open through the sampling that follows
         failed = True
         try:
             out = step(self, scheduler_output)
             cuda.synchronize()
             failed = False
         finally:  # a step that raises (an out-of-memory error) is recorded too
+            if failed:
+                close_span()
+            else:
+                span.cut()
             record_step(
-                per_request, cuda.max_memory_allocated(), cuda.max_memory_reserved(), failed
+                per_request,
+                span.peak_bytes,
+                span.peak_reserved_bytes,
+                failed,
+                top=span.top(),
+                raised_in=span.stack[-1][0] if failed else None,
             )
         return out
 
@@ -98,9 +250,10 @@ def install() -> None:
         # since that step's reset covers both, and is folded into the same step
         out = sample(self, grammar_output)
         if _STATE["last"] is not None:
-            cuda = _cuda()
-            cuda.synchronize()
-            fold_sampling(cuda.max_memory_allocated(), cuda.max_memory_reserved())
+            _cuda().synchronize()
+            span = close_span()
+            if span is not None:
+                fold_sampling(span.peak_bytes, span.peak_reserved_bytes, top=span.top())
         return out
 
     cls.determine_available_memory = determine_available_memory
@@ -113,14 +266,22 @@ def install() -> None:
 
 
 def record_step(
-    per_request: dict[str, int], peak: int, peak_reserved: int, failed: bool = False
+    per_request: dict[str, int],
+    peak: int,
+    peak_reserved: int,
+    failed: bool = False,
+    top: list[dict[str, Any]] | None = None,
+    raised_in: str | None = None,
 ) -> None:
-    """Fold one step's peak into the largest of its class (pure; see the module docstring);
-    a step that raised is kept apart as ``failed_step`` (its peak up to the error)."""
+    """Fold one step's peak into the largest of its class (pure; see the module docstring),
+    with ``top`` (its attribution so far) when the step sets that peak; a step that raised
+    is kept apart as ``failed_step`` (its peak up to the error, the module it raised in)."""
     kind = "prefill" if max(per_request.values()) > 1 else "decode"
     tokens = sum(per_request.values())
     if failed:
         _STATE["failed_step"] = {"kind": kind, "tokens": tokens, "peak_bytes": peak}
+        if top is not None:
+            _STATE["attribution"]["failed_step"] = {"raised_in": raised_in, "top": top}
         _STATE["last"] = None
         return
     cur = _STATE["steps"].get(kind)
@@ -128,22 +289,30 @@ def record_step(
         cur = _STATE["steps"][kind] = {"steps": 0, "peak_bytes": -1}
     cur["steps"] += 1
     cur["max_step_tokens"] = max(cur.get("max_step_tokens", 0), tokens)
-    _STATE["last"] = (kind, tokens)
-    _fold(cur, peak, peak_reserved, tokens)
+    holds = _fold(cur, peak, peak_reserved, tokens)
+    _STATE["last"] = (kind, tokens, holds)
+    if holds and top is not None:
+        _STATE["attribution"][kind] = top
 
 
-def fold_sampling(peak: int, peak_reserved: int) -> None:
+def fold_sampling(peak: int, peak_reserved: int, top: list[dict[str, Any]] | None = None) -> None:
     """The sampling after the last recorded step: its peak (since that step's reset) counts
-    for that step."""
-    kind, tokens = _STATE["last"]
-    _fold(_STATE["steps"][kind], peak, peak_reserved, tokens)
+    for that step, and ``top`` (the step's whole attribution) when that step holds its
+    class's peak."""
+    kind, tokens, held = _STATE["last"]
+    holds = _fold(_STATE["steps"][kind], peak, peak_reserved, tokens) or held
+    if holds and top is not None:
+        _STATE["attribution"][kind] = top
     _STATE["last"] = None
 
 
-def _fold(cur: dict[str, Any], peak: int, peak_reserved: int, tokens: int) -> None:
+def _fold(cur: dict[str, Any], peak: int, peak_reserved: int, tokens: int) -> bool:
+    """Whether ``peak`` is the class's new largest."""
     cur["peak_reserved_bytes"] = max(cur.get("peak_reserved_bytes", 0), peak_reserved)
     if peak > cur["peak_bytes"]:
         cur.update(peak_bytes=peak, peak_step_tokens=tokens)
+        return True
+    return False
 
 
 def dropped_reservation() -> str:
@@ -215,6 +384,7 @@ def snapshot(llm: Any | None = None, reservation: Any = None) -> dict[str, Any]:
         "failed_step": _STATE["failed_step"],
         "allocated_now_bytes": cuda.memory_allocated(),
         "reservation_dropped": dropped_reservation() or None,
+        "attribution": dict(_STATE["attribution"]),
     }
     if llm is not None:
         out["engine"] = engine_figures(llm)

@@ -175,8 +175,10 @@ class GateConfig:
     engine_extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # into LLM(**kw)
     warmup: bool = False  # later runs of the queue wait until this one's engine is up
     # record each rank's memory (gate/memory_probe.py): the profiled peak, each step's peak
-    # and vLLM's KV figures; it synchronises the device around every step (a run's decode
-    # times then include that), and needs an eager run: a CUDA graph replay allocates nothing
+    # and vLLM's KV figures, and where each peak happened (forward hooks that read the
+    # allocator at every hooked module's entry and exit); it synchronises the device around
+    # every step (a run's decode times then include that and the hooks), and needs an eager
+    # run: a CUDA graph replay allocates nothing
     memory_probe: bool = False
     # vLLM's prefix cache; off unless a gate tests it: repeated and faulted passes must
     # recompute. On, the repeat pass re-serves the clean prompts from the cache (a cache hit).
