@@ -847,8 +847,8 @@ def memory_section() -> list[str]:
             f"{d.get('controls_caught')}. Revision {revision(d)}; "
             f"{', '.join(d.get('transport') or []) or '-'}. GiB per rank; margin: the smallest "
             "over the ranks (budget - step peak); peak at: the module where the largest prefill "
-            "step (profiling forward) peaked on the rank with the largest such peak, and the "
-            "transient it allocated there.",
+            "step (profiling forward) peaked on the rank with the largest such peak, and what "
+            "that segment allocated above its entry (a parent's earlier tensors count as entry).",
             "",
         ]
         rows = []

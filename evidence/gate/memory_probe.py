@@ -199,6 +199,12 @@ def install() -> None:
     )
 
     def determine_available_memory(self: Any) -> int:
+        if not getattr(getattr(self, "cache_config", None), "kv_cache_memory_bytes", None):
+            # vLLM's own sizing reads torch's peak inside this call; the cuts reset it
+            raise RuntimeError(
+                "memory_probe needs kv_cache_memory_bytes: without it vLLM sizes the KV "
+                "pool from the torch peak that the probe's segment cuts reset"
+            )
         install_hooks(model_of(self))  # the model is loaded by now
         cuda = _cuda()
         cuda.synchronize()

@@ -252,6 +252,13 @@ class GateConfig:
             out.append("env must map str to str")
         if not isinstance(self.memory_probe, bool):
             out.append(f"memory_probe must be a bool, got {self.memory_probe!r}")
+        elif self.memory_probe and not (
+            isinstance(self.kv_cache_memory_bytes, int) and self.kv_cache_memory_bytes > 0
+        ):
+            out.append(
+                "memory_probe needs kv_cache_memory_bytes (a positive int): without it vLLM "
+                "sizes the KV pool from the torch peak that the probe's cuts reset"
+            )
         elif self.memory_probe and self.graphs:
             out.append(
                 "memory_probe needs an eager run (graphs false): a CUDA graph replay "

@@ -226,6 +226,15 @@ def test_step_folding_keeps_the_largest_peak_per_class():
     assert memory_probe._STATE["last"] is None
 
 
+@pytest.mark.parametrize("kv_bytes", [None, 0, 1.5])
+def test_the_probe_needs_an_explicit_pool(kv_bytes):
+    with pytest.raises(ValueError, match="memory_probe needs kv_cache_memory_bytes"):
+        plan.GateConfig(
+            name="m", model="m", tp=2, dcp=2, memory_probe=True, kv_cache_memory_bytes=kv_bytes
+        )
+    plan.GateConfig(name="m", model="m", tp=2, dcp=2, kv_cache_memory_bytes=None)
+
+
 @pytest.mark.parametrize(
     ("env", "probe", "ok"),
     [
@@ -295,6 +304,7 @@ original = attention.DeepseekV32Attention._reserve_dcp_step
 memory_probe.install()
 memory_probe.install()  # idempotent
 w = object.__new__(gpu_worker.Worker)
+w.cache_config = SimpleNamespace(kv_cache_memory_bytes=5000)
 kv = w.determine_available_memory()
 def sched(n):
     return SimpleNamespace(num_scheduled_tokens=n, total_num_scheduled_tokens=sum(n.values()))

@@ -164,6 +164,7 @@ class Worker:
     def __init__(self, model: Module, cuda: FakeCuda, exposed: bool = True) -> None:
         self.net, self.cuda = model, cuda
         self.model_runner = SimpleNamespace(get_model=lambda: model) if exposed else None
+        self.cache_config = SimpleNamespace(kv_cache_memory_bytes=KV)
         self.capture_in: str | None = None
 
     def determine_available_memory(self) -> int:
@@ -421,3 +422,15 @@ def test_real_torch_modules_fire_the_hooks_the_probe_registers():
         ("layers.0.self_attn", 10),
         ("layers.0", 5),
     ]
+
+
+def test_a_profiled_pool_is_refused_before_any_cut(fresh_probe):
+    """vLLM sizes a pool without kv_cache_memory_bytes from torch's peak inside
+    determine_available_memory: the cuts would reset it, so the probe refuses."""
+    cuda = fresh_probe()
+    from vllm.v1.worker import gpu_worker
+
+    w = gpu_worker.Worker(toy_model(cuda), cuda)
+    w.cache_config.kv_cache_memory_bytes = None
+    with pytest.raises(RuntimeError, match="kv_cache_memory_bytes"):
+        w.determine_available_memory()
