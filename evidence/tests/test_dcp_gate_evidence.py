@@ -296,14 +296,16 @@ def test_each_base034_suite_decides_its_gates_alone() -> None:
 
 def test_the_all_queue_holds_every_committed_gate() -> None:
     """Every 0.33.0 gate result under results/ is one the `all` queue would produce again, and
-    every 0.34.0 one (name ending in -0.34.0) one a base034-* suite would."""
+    every 0.34.0 one (name ending in -0.34.0) one a base034-* suite or the `long` queue
+    (128k-1M prompts) would."""
     from pathlib import Path
 
     from gate import plans
 
     results = Path(__file__).resolve().parents[2] / "results"
     q = _queue("all")
-    gates034 = {g for n in _base034_suites() for g in plans.SUITES[n]["gates"]}
+    suites034 = [*_base034_suites(), *plans.QUEUES["long"]]
+    gates034 = {g for n in suites034 for g in plans.SUITES[n]["gates"]}
     for path in results.glob("dcp-gate-*.json"):
         d = json.loads(path.read_text())
         if d.get("kind") == "dcp_gate":
