@@ -541,6 +541,8 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
         written.append(_write_result(path, mem, memory.validate, "memory test"))
         print(
             f"MEMORY all_within={mem['all_within']} controls_caught={mem['controls_caught']} "
+            f"all_transient_within={mem['all_transient_within']} controls_caught_by_transient_"
+            f"rule={mem['controls_caught_by_transient_rule']} "
             f"capacity rows={len(mem['capacity'])}",
             flush=True,
         )

@@ -836,6 +836,11 @@ def peak_site(ranks: list[dict], kind: str, by: Any) -> str:
     return f"{name} +{_gib(site['peak_bytes'] - site['entry_bytes'])}"
 
 
+def verdict_of(d: dict[str, Any], key: str) -> Any:
+    """A memory result's verdict, "-" where the record predates it."""
+    return d[key] if key in d else "-"
+
+
 def memory_section() -> list[str]:
     """The memory test and the capacity table (``dcp-memory*.json``, gate/memory.py)."""
     out: list[str] = []
@@ -844,9 +849,16 @@ def memory_section() -> list[str]:
         out += [
             f"Rule: {d.get('rule')}. All DCP runs within: {d.get('all_within')} (DCP = 1 "
             f"baseline: {d.get('baseline_within')}); negative controls caught: "
-            f"{d.get('controls_caught')}. Revision {revision(d)}; "
-            f"{', '.join(d.get('transport') or []) or '-'}. GiB per rank; margin: the smallest "
-            "over the ranks (budget - step peak); peak at: the module where the largest prefill "
+            f"{d.get('controls_caught')}. Transient rule: {d.get('transient_rule') or '-'}. All "
+            f"DCP runs transient-within: {verdict_of(d, 'all_transient_within')} (DCP = 1 "
+            f"baseline: {verdict_of(d, 'baseline_transient_within')}); negative controls caught "
+            f"by it: {verdict_of(d, 'controls_caught_by_transient_rule')}. Revision "
+            f"{revision(d)}; {', '.join(d.get('transport') or []) or '-'}. GiB per rank; "
+            "margin: the smallest over the ranks (budget - step peak); transient margin: the "
+            "smallest over the ranks and step classes (profile transient - step transient); "
+            "grown since profile: the largest over the ranks and step classes (allocated at the "
+            "peak step's start - at the profile's start - KV pool; per rank and class, margin = "
+            "transient margin - grown); peak at: the module where the largest prefill "
             "step (profiling forward) peaked on the rank with the largest such peak, and what "
             "that segment allocated above its entry (a parent's earlier tensors count as entry).",
             "",
@@ -858,6 +870,17 @@ def memory_section() -> list[str]:
             def least(kind: str, field: str, ranks: list = ranks) -> int | None:
                 got = [r[kind][field] for r in ranks if kind in r]
                 return min(got) if got else None
+
+            def over_classes(field: str, ranks: list = ranks) -> list[int]:
+                return [
+                    r[k][field]
+                    for r in ranks
+                    for k in ("prefill", "decode")
+                    if r.get(k, {}).get(field) is not None
+                ]
+
+            transient_margins = over_classes("transient_margin_bytes")
+            grown = over_classes("grown_bytes")
 
             peaks = [r["prefill"]["peak_bytes"] for r in ranks if "prefill" in r]
             caught = (d.get("controls") or {}).get(run, {}).get("caught")
@@ -874,6 +897,8 @@ def memory_section() -> list[str]:
                     _gib(max(peaks) if peaks else None),
                     _gib(least("prefill", "margin_bytes")),
                     _gib(least("decode", "margin_bytes")),
+                    _gib(min(transient_margins) if transient_margins else None),
+                    _gib(max(grown) if grown else None),
                     peak_site(
                         ranks, "prefill", lambda r: (r.get("prefill") or {}).get("peak_bytes")
                     ),
@@ -893,6 +918,8 @@ def memory_section() -> list[str]:
                 "prefill peak",
                 "prefill margin",
                 "decode margin",
+                "transient margin",
+                "grown since profile",
                 "prefill peak at",
                 "profile peak at",
             ],

@@ -15,10 +15,36 @@ Each rank's ``peak_at`` carries the probe's attribution (None in records without
 ``profile``, ``prefill`` and ``decode``, the module sites of the highest segment peaks, the
 first being where that peak happened, with ``transient_bytes`` (peak - allocated at entry).
 
+The strict rule also charges what vLLM allocates after its profiling forward and keeps (step
+metadata, buffers grown at the first steps): stock behaviour, at DCP = 1 as at DCP > 1, and
+not a transient of any step. What the series' 0016 promises is narrower, the transient rule,
+judged per rank and step class on the step that set the class's peak:
+
+    step peak - allocated at the step's start
+        <= profiled peak - allocated when the profiling started        ("transient_within")
+
+With ``grown`` = allocated at that step's start - allocated when the profiling started - KV
+pool bytes (what the engine holds beyond the profile's start and the pool), the two rules are
+one identity apart, per rank and step class:
+
+    budget - step peak = transient margin - grown
+
+so a step within the transient rule is over the strict budget by at most what grew, and one
+over it only by what grew is ``transient_within`` and not ``within``. Guarantees: ``within``,
+that no step took memory the pool was given; ``transient_within``, that the profiling
+forward's headroom above what it started with (0016's reservation included) covered the
+largest step's own transient, whatever the engine kept after the profile (``grown_bytes``,
+reported beside it, not judged). A record from before the probe kept the step's start has no
+transient verdict (None, never a pass).
+
 Negative controls (runs whose environment sets ``GATE_DROP_DCP_RESERVATION``) are judged
-against their twin, the run of the same configuration without it: ``alloc`` (the series'
-reservation recorded but not allocated) is caught when some rank steps over its budget,
-``all`` (no reservation at all) when the series' start-up check refused the engine.
+against their twin, the run of the same configuration without it, by each rule: ``alloc``
+(the series' reservation recorded but not allocated) is ``caught`` when some rank steps over
+its budget and the twin is ``within``, ``caught_by_transient_rule`` when some rank's step
+transient exceeds its profile transient and the twin is ``transient_within``; ``all`` (no
+reservation at all) when the series' start-up check refused the engine, with a twin within
+by that rule. A twin whose growth exceeds its transient margin is never ``within``: on such
+an engine only the transient rule can show the controls.
 
 Capacity: vLLM's own figures after start-up (``num_gpu_blocks`` x ``block_size`` tokens per
 rank, which DCP shards, and the ``kv_cache_size_tokens`` it logs), per DCP size among runs of
@@ -42,6 +68,15 @@ REFUSAL_MARK = "DCP headroom check"
 KV_REFUSAL_MARK = "KV cache is needed, which is larger than the available KV cache memory"
 _ESTIMATED_LEN = re.compile(r"estimated maximum model length is (\d+)")
 STEP_CLASSES = ("prefill", "decode")
+# per rank and step class, the transient rule's figures (None for a record without the
+# step's start)
+TRANSIENT_FIELDS = (
+    "step_transient_bytes",
+    "profile_transient_bytes",
+    "transient_margin_bytes",
+    "grown_bytes",
+)
+UNRECORDED = "a rank's record has no step start (made before the transient rule)"
 ATTRIBUTED = ("profile", *STEP_CLASSES)
 
 
@@ -59,9 +94,28 @@ def peak_at(mem: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def transient(profile: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
+    """One step class against the transient rule (the module docstring): its figures and
+    ``transient_within``, all None when the record lacks the step's or the profile's start."""
+    start, before = step.get("peak_step_start_bytes"), profile.get("allocated_before_bytes")
+    if start is None or before is None:
+        return dict.fromkeys((*TRANSIENT_FIELDS, "transient_within"))
+    step_transient = int(step["peak_bytes"]) - int(start)
+    profile_transient = int(profile["peak_bytes"]) - int(before)
+    margin = profile_transient - step_transient
+    return {
+        "step_transient_bytes": step_transient,
+        "profile_transient_bytes": profile_transient,
+        "transient_margin_bytes": margin,
+        "grown_bytes": int(start) - int(before) - int(profile["kv_cache_bytes"]),
+        "transient_within": margin >= 0,
+    }
+
+
 def rank_verdict(mem: dict[str, Any]) -> dict[str, Any]:
-    """One rank's record against its budget; ``within`` is None when there is nothing to
-    judge (no profile, or no step ran)."""
+    """One rank's record against its budget and by the transient rule; ``within`` is None
+    when there is nothing to judge (no profile, or no step ran), ``transient_within`` also
+    when a judged class's record has no step start."""
     profile = mem.get("profile")
     steps = mem.get("steps") or {}
     out: dict[str, Any] = {
@@ -70,7 +124,8 @@ def rank_verdict(mem: dict[str, Any]) -> dict[str, Any]:
         "peak_at": peak_at(mem),
     }
     if not profile:
-        return {**out, "within": None, "why": "no profiling record (engine did not size its pool)"}
+        why = "no profiling record (engine did not size its pool)"
+        return {**out, "within": None, "transient_within": None, "why": why}
     budget = int(profile["peak_bytes"]) + int(profile["kv_cache_bytes"])
     out.update(
         profiled_peak_bytes=int(profile["peak_bytes"]),
@@ -90,9 +145,15 @@ def rank_verdict(mem: dict[str, Any]) -> dict[str, Any]:
             "steps": step.get("steps"),
             "peak_step_tokens": step.get("peak_step_tokens"),
             "max_step_tokens": step.get("max_step_tokens"),
+            "peak_step_start_bytes": step.get("peak_step_start_bytes"),
+            **transient(profile, step),
         }
         judged.append(peak <= budget)
     out["within"] = all(judged) if judged else None
+    by_transient = [out[k]["transient_within"] for k in STEP_CLASSES if k in out]
+    out["transient_within"] = (
+        all(by_transient) if by_transient and None not in by_transient else None
+    )
     if not judged:
         out["why"] = "no model step after start-up"
     return out
@@ -125,7 +186,9 @@ def capacity_refused(run: dict[str, Any]) -> bool:
 def run_verdict(run: dict[str, Any]) -> dict[str, Any]:
     """Every rank of one run. ``within`` is judged only for a run that completed its clean
     pass with a memory record from each of its ranks (True: every rank within); else None,
-    with ``why`` (a crash, a deadline, a missing rank: never a pass)."""
+    with ``why`` (a crash, a deadline, a missing rank: never a pass). ``transient_within``
+    likewise by the transient rule, also None (``why_transient_not_judged``) when a rank's
+    record has no step start."""
     ranks = [rank_verdict(m) for m in run.get("memory") or []]
     cfg = run.get("config") or {}
     world = int(cfg.get("tp") or 1)
@@ -138,6 +201,10 @@ def run_verdict(run: dict[str, Any]) -> dict[str, Any]:
     elif any(r["within"] is None for r in ranks):
         why = "a rank has nothing to judge"
     within = None if why else all(r["within"] for r in ranks)
+    why_transient = why or (
+        UNRECORDED if any(r["transient_within"] is None for r in ranks) else None
+    )
+    transient_within = None if why_transient else all(r["transient_within"] for r in ranks)
     over = [
         r[k]["peak_bytes"] - r["budget_bytes"]
         for r in ranks
@@ -158,6 +225,8 @@ def run_verdict(run: dict[str, Any]) -> dict[str, Any]:
         "error": (run.get("error") or None) and str(run["error"])[:600],
         "within": within,
         "why_not_judged": why,
+        "transient_within": transient_within,
+        "why_transient_not_judged": why_transient,
         "failed_steps": [
             {"rank": m.get("rank"), **m["failed_step"], **raised_in(m)}
             for m in run.get("memory") or []
@@ -174,19 +243,45 @@ def raised_in(mem: dict[str, Any]) -> dict[str, Any]:
     return {"raised_in": failed["raised_in"]} if failed else {}
 
 
+def unrecorded(verdict: dict[str, Any]) -> bool:
+    """Some rank of the run has a step class judged without its step start (an old record)."""
+    return any(
+        k in r and r[k]["step_transient_bytes"] is None
+        for r in verdict["ranks"]
+        for k in STEP_CLASSES
+    )
+
+
 def control_verdict(control: dict[str, Any], twin: dict[str, Any] | None) -> dict[str, Any]:
-    """Is the negative control caught? ``alloc``: some rank of the control over its budget;
-    ``all``: the engine refused by the series' check. Its twin must be within (else the
-    control shows nothing) and, for ``alloc``, the reservation's bytes are the difference
-    of the two profiled peaks."""
+    """Is the negative control caught? ``caught`` by the strict rule, ``alloc``: some rank
+    of the control over its budget; ``all``: the engine refused by the series' check; its
+    twin must be within (else the control shows nothing). ``caught_by_transient_rule`` the
+    same by the transient rule, ``alloc``: some rank's step transient over its profile
+    transient; its twin must be transient_within (None where either record has no step
+    start). For ``alloc``, the reservation's bytes are the difference of the two profiled
+    peaks."""
     kind = control["control"]
     if twin is None:
-        return {"caught": None, "why": "no twin run (same configuration, no control)"}
-    out: dict[str, Any] = {"twin": twin["run"], "twin_within": twin["within"]}
+        why = "no twin run (same configuration, no control)"
+        return {"caught": None, "caught_by_transient_rule": None, "why": why}
+    out: dict[str, Any] = {
+        "twin": twin["run"],
+        "twin_within": twin["within"],
+        "twin_transient_within": twin["transient_within"],
+    }
+    twin_ok = twin["transient_within"] is True
     if kind == "all":
         out["caught"] = control["refused"] and twin["within"] is True
+        out["caught_by_transient_rule"] = (
+            None if unrecorded(twin) else control["refused"] and twin_ok
+        )
         return out
     out["caught"] = control["within"] is False and twin["within"] is True
+    out["caught_by_transient_rule"] = (
+        None
+        if unrecorded(twin) or unrecorded(control)
+        else control["transient_within"] is False and twin_ok
+    )
     twin_peaks = {r["rank"]: r.get("profiled_peak_bytes") for r in twin["ranks"]}
     ctl_peaks = {r["rank"]: r.get("profiled_peak_bytes") for r in control["ranks"]}
     if twin_peaks and twin_peaks.keys() == ctl_peaks.keys():
@@ -285,12 +380,20 @@ def memory_result(runs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
         "schema_version": SCHEMA_VERSION,
         "kind": KIND,
         "rule": "every rank's largest prefill and decode step peak <= profiled peak + KV pool",
+        "transient_rule": "every rank's largest prefill and decode step peak - allocated at "
+        "its start <= profiled peak - allocated when the profiling started",
         "all_within_covers": "the DCP > 1 runs that are not controls (DCP = 1: baseline_within)",
         "runs": verdicts,
         "controls": controls,
         "all_within": bool(series) and all(v["within"] is True for v in series),
         "baseline_within": (all(v["within"] is True for v in baseline) if baseline else None),
+        "all_transient_within": bool(series) and all(v["transient_within"] is True for v in series),
+        "baseline_transient_within": (
+            all(v["transient_within"] is True for v in baseline) if baseline else None
+        ),
         "controls_caught": bool(controls) and all(c["caught"] is True for c in controls.values()),
+        "controls_caught_by_transient_rule": bool(controls)
+        and all(c["caught_by_transient_rule"] is True for c in controls.values()),
         "capacity": capacity_rows(list(probed.values())),
     }
 
@@ -299,11 +402,15 @@ RESULT_KEYS = (
     "schema_version",
     "kind",
     "rule",
+    "transient_rule",
     "runs",
     "controls",
     "all_within",
     "baseline_within",
+    "all_transient_within",
+    "baseline_transient_within",
     "controls_caught",
+    "controls_caught_by_transient_rule",
     "capacity",
     "command",
     "revision",
@@ -313,15 +420,49 @@ RESULT_KEYS = (
 
 
 def validate(doc: dict[str, Any]) -> list[str]:
-    """What is missing or inconsistent in a memory result before it is written."""
+    """What is missing or inconsistent in a memory result before it is written (the
+    transient rule's keys of the right types included)."""
     out = [f"missing {k}" for k in RESULT_KEYS if k not in doc]
     if doc.get("kind") != KIND:
         out.append(f"kind {doc.get('kind')!r}, want {KIND!r}")
+    if "transient_rule" in doc and not isinstance(doc["transient_rule"], str):
+        out.append("transient_rule is not a string")
+    for key, nullable in (
+        ("all_transient_within", False),
+        ("baseline_transient_within", True),
+        ("controls_caught_by_transient_rule", False),
+    ):
+        if key in doc and not _verdict(doc[key], nullable):
+            out.append(f"{key} is {doc[key]!r}, not a verdict")
     for name, v in (doc.get("runs") or {}).items():
         if v.get("within") is None and not v.get("why_not_judged") and not v.get("control"):
             if not v.get("capacity_refused"):
                 out.append(f"run {name}: not judged, and no reason given")
-    for name in doc.get("controls") or {}:
+        if not _verdict(v.get("transient_within"), True):
+            out.append(f"run {name}: transient_within is {v.get('transient_within')!r}")
+        elif v.get("transient_within") is None and not v.get("why_transient_not_judged"):
+            out.append(f"run {name}: not judged by the transient rule, and no reason given")
+        for r in v.get("ranks") or []:
+            where = f"run {name} rank {r.get('rank')}"
+            if not _verdict(r.get("transient_within"), True):
+                out.append(f"{where}: transient_within is {r.get('transient_within')!r}")
+            for kind in STEP_CLASSES:
+                got = r.get(kind)
+                if got is None:
+                    continue
+                for f in ("peak_step_start_bytes", *TRANSIENT_FIELDS):
+                    if got.get(f) is not None and (type(got.get(f)) is not int):
+                        out.append(f"{where} {kind}: {f} is {got.get(f)!r}, not bytes")
+                if not _verdict(got.get("transient_within"), True):
+                    out.append(f"{where} {kind}: transient_within is not a verdict")
+    for name, c in (doc.get("controls") or {}).items():
         if name not in (doc.get("runs") or {}):
             out.append(f"control {name} is not among the runs")
+        if not _verdict(c.get("caught_by_transient_rule"), True):
+            out.append(f"control {name}: caught_by_transient_rule is not a verdict")
     return out
+
+
+def _verdict(x: Any, nullable: bool) -> bool:
+    """A verdict's type: a bool (or None where not judged is allowed)."""
+    return isinstance(x, bool) or (nullable and x is None)

@@ -13,8 +13,11 @@ figures are each rank's own, valid under one-GPU emulation):
 * ``steps``: for every model step after the sizing (vLLM's own warm-up steps included), the
   peak from the start of ``Worker.execute_model`` to the end of the ``sample_tokens`` that
   follows it (the statistic reset before each step), the largest per class: ``prefill`` (some
-  request schedules more than one token) and ``decode`` (every request one); a step that
-  raised is ``failed_step``;
+  request schedules more than one token) and ``decode`` (every request one), with
+  ``peak_step_start_bytes``, torch's allocated bytes when the step that set that peak started
+  (after the synchronize, before the step runs: what the engine holds between steps, so the
+  step's own transient is ``peak_bytes - peak_step_start_bytes``); a step that raised is
+  ``failed_step`` (its peak up to the error and its ``start_bytes``);
 * ``engine``: after start-up, vLLM's own KV figures (blocks, block size, the token capacity
   and concurrency it logs) and the DCP reservation 0016 recorded on the attention layers;
 * ``attribution``: where in the profiling forward (``profile``) and in the step that set each
@@ -56,7 +59,7 @@ DROP_CHOICES = ("", *DROP_RESERVATION)
 _STATE: dict[str, Any] = {
     "profile": None,
     "steps": {},
-    "last": None,
+    "last": None,  # (class, tokens, holds its class's peak, start bytes) of the last step
     "failed_step": None,
     "span": None,  # the Segments being measured (a profile, or a step and its sampling)
     "attribution": {},
@@ -230,6 +233,7 @@ def install() -> None:
             return step(self, scheduler_output)
         cuda = _cuda()
         cuda.synchronize()
+        start = cuda.memory_allocated()  # what the engine holds before this step
         span = open_span(cuda)  # stays open through the sampling that follows
         failed = True
         try:
@@ -248,6 +252,7 @@ def install() -> None:
                 failed,
                 top=span.top(),
                 raised_in=span.stack[-1][0] if failed else None,
+                start=start,
             )
         return out
 
@@ -278,14 +283,21 @@ def record_step(
     failed: bool = False,
     top: list[dict[str, Any]] | None = None,
     raised_in: str | None = None,
+    start: int | None = None,
 ) -> None:
     """Fold one step's peak into the largest of its class (pure; see the module docstring),
-    with ``top`` (its attribution so far) when the step sets that peak; a step that raised
-    is kept apart as ``failed_step`` (its peak up to the error, the module it raised in)."""
+    with ``top`` (its attribution so far) and ``start`` (allocated bytes when the step
+    started) when the step sets that peak; a step that raised is kept apart as
+    ``failed_step`` (its peak up to the error, its start, the module it raised in)."""
     kind = "prefill" if max(per_request.values()) > 1 else "decode"
     tokens = sum(per_request.values())
     if failed:
-        _STATE["failed_step"] = {"kind": kind, "tokens": tokens, "peak_bytes": peak}
+        _STATE["failed_step"] = {
+            "kind": kind,
+            "tokens": tokens,
+            "peak_bytes": peak,
+            "start_bytes": start,
+        }
         if top is not None:
             _STATE["attribution"]["failed_step"] = {"raised_in": raised_in, "top": top}
         _STATE["last"] = None
@@ -295,28 +307,31 @@ def record_step(
         cur = _STATE["steps"][kind] = {"steps": 0, "peak_bytes": -1}
     cur["steps"] += 1
     cur["max_step_tokens"] = max(cur.get("max_step_tokens", 0), tokens)
-    holds = _fold(cur, peak, peak_reserved, tokens)
-    _STATE["last"] = (kind, tokens, holds)
+    holds = _fold(cur, peak, peak_reserved, tokens, start)
+    _STATE["last"] = (kind, tokens, holds, start)
     if holds and top is not None:
         _STATE["attribution"][kind] = top
 
 
 def fold_sampling(peak: int, peak_reserved: int, top: list[dict[str, Any]] | None = None) -> None:
     """The sampling after the last recorded step: its peak (since that step's reset) counts
-    for that step, and ``top`` (the step's whole attribution) when that step holds its
-    class's peak."""
-    kind, tokens, held = _STATE["last"]
-    holds = _fold(_STATE["steps"][kind], peak, peak_reserved, tokens) or held
+    for that step (with that step's start), and ``top`` (the step's whole attribution) when
+    that step holds its class's peak."""
+    kind, tokens, held, start = _STATE["last"]
+    holds = _fold(_STATE["steps"][kind], peak, peak_reserved, tokens, start) or held
     if holds and top is not None:
         _STATE["attribution"][kind] = top
     _STATE["last"] = None
 
 
-def _fold(cur: dict[str, Any], peak: int, peak_reserved: int, tokens: int) -> bool:
-    """Whether ``peak`` is the class's new largest."""
+def _fold(
+    cur: dict[str, Any], peak: int, peak_reserved: int, tokens: int, start: int | None
+) -> bool:
+    """Whether ``peak`` is the class's new largest (then its step's tokens and start are
+    the class's too)."""
     cur["peak_reserved_bytes"] = max(cur.get("peak_reserved_bytes", 0), peak_reserved)
     if peak > cur["peak_bytes"]:
-        cur.update(peak_bytes=peak, peak_step_tokens=tokens)
+        cur.update(peak_bytes=peak, peak_step_tokens=tokens, peak_step_start_bytes=start)
         return True
     return False
 

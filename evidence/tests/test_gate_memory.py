@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 EVIDENCE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(EVIDENCE))
@@ -23,16 +25,32 @@ from venv_probe import needs_venv, run_probe  # noqa: E402
 GIB = 1 << 30
 
 
-def rank_mem(rank: int, profiled: int, kv: int, prefill: int, decode: int) -> dict:
+def rank_mem(
+    rank: int, profiled: int, kv: int, prefill: int, decode: int, start: int | None = None
+) -> dict:
+    """A rank's record; the profile starts at 1 GiB; ``start``: allocated when each class's
+    peak step started (None: a record from before the probe kept it)."""
+    at = {} if start is None else {"peak_step_start_bytes": start}
     return {
         "rank": rank,
         "profile": {"allocated_before_bytes": GIB, "peak_bytes": profiled, "kv_cache_bytes": kv},
         "steps": {
-            "prefill": {"steps": 3, "peak_bytes": prefill, "peak_step_tokens": 8192},
-            "decode": {"steps": 31, "peak_bytes": decode, "peak_step_tokens": 1},
+            "prefill": {"steps": 3, "peak_bytes": prefill, "peak_step_tokens": 8192} | at,
+            "decode": {"steps": 31, "peak_bytes": decode, "peak_step_tokens": 1} | at,
         },
         "engine": {"num_gpu_blocks": 1000, "block_size": 64, "kv_cache_size_tokens": 123},
     }
+
+
+def grown_peaks(
+    profile_transient: int, kv: int, grown: int, step_transient: int, dcp: int = 2
+) -> list[tuple]:
+    """``run(peaks=...)`` for ranks whose profile (from 1 GiB) peaks ``profile_transient``
+    above its start and whose prefill and decode steps start ``grown`` above the profile's
+    start and the pool and peak ``step_transient`` above that."""
+    start = GIB + kv + grown
+    peak = start + step_transient
+    return [(GIB + profile_transient, kv, peak, peak, start)] * dcp
 
 
 def run(name: str, dcp: int = 2, drop: str = "", ok: bool = True, error=None, **mem) -> dict:
@@ -104,7 +122,13 @@ def test_the_headline_judges_dcp_runs_and_a_control_needs_a_twin_that_ran():
     shuffled["config"] = dict(reversed(list(shuffled["config"].items())))
     shuffled["config"]["env"] = dict(reversed(list(shuffled["config"]["env"].items())))
     doc = memory.memory_result({"m-dcp2": run("m-dcp2"), "m-dcp2-x": shuffled})
-    assert doc["controls"]["m-dcp2-x"] == {"twin": "m-dcp2", "twin_within": True, "caught": True}
+    assert doc["controls"]["m-dcp2-x"] == {
+        "twin": "m-dcp2",
+        "twin_within": True,
+        "twin_transient_within": None,  # a record without the steps' start
+        "caught": True,
+        "caught_by_transient_rule": None,
+    }
 
 
 def test_nothing_to_judge_is_not_a_pass():
@@ -213,6 +237,7 @@ def test_step_folding_keeps_the_largest_peak_per_class():
         "steps": 2,
         "peak_bytes": 8,
         "peak_step_tokens": 4001,
+        "peak_step_start_bytes": None,  # record_step given no start
         "max_step_tokens": 8192,
         "peak_reserved_bytes": 9,
     }
@@ -222,6 +247,7 @@ def test_step_folding_keeps_the_largest_peak_per_class():
         "kind": "prefill",
         "tokens": 9000,
         "peak_bytes": 99,
+        "start_bytes": None,
     }
     assert memory_probe._STATE["last"] is None
 
@@ -345,7 +371,13 @@ def test_the_probe_wraps_vllms_worker_and_the_controls_replace_the_reservation(d
     }
     assert snap["steps"]["prefill"]["peak_bytes"] == 900
     assert snap["steps"]["decode"]["peak_bytes"] == 400
-    assert snap["failed_step"] == {"kind": "prefill", "tokens": 7, "peak_bytes": 5555}
+    assert snap["steps"]["decode"]["peak_step_start_bytes"] == 100
+    assert snap["failed_step"] == {
+        "kind": "prefill",
+        "tokens": 7,
+        "peak_bytes": 5555,
+        "start_bytes": 100,
+    }
     assert snap["reservation_dropped"] == (drop or None)
     assert got["replaced"] is bool(drop)
     if drop:
@@ -389,6 +421,8 @@ def test_a_memory_suite_runs_end_to_end_through_the_launcher(tmp_path: Path):
     doc = json.loads((tmp_path / "out" / "dcp-memory-suite.json").read_text())
     assert doc["kind"] == memory.KIND and doc["all_within"] is True
     assert doc["controls_caught"] is True, doc["controls"]
+    assert doc["all_transient_within"] is True
+    assert doc["controls_caught_by_transient_rule"] is True, doc["controls"]
     assert doc["runs"]["m-tp2-dcp2"]["within"] is True
     assert [r["rank"] for r in doc["runs"]["m-tp2-dcp2"]["ranks"]] == [0, 1]
     assert doc["runs"]["m-tp2-dcp2-unreserved"]["refused"] is True
@@ -435,6 +469,131 @@ def test_a_malformed_memory_result_is_named():
         "run m-dcp2: not judged, and no reason given",
         "control ghost is not among the runs",
     ]
+    typed = memory.memory_result({"m-dcp2": run("m-dcp2", peaks=grown_peaks(GIB, GIB, 0, 9))})
+    typed |= {"command": "c", "revision": {}, "base": {}, "machine": {}}
+    assert memory.validate(typed) == []
+    typed["all_transient_within"] = None
+    typed["runs"]["m-dcp2"]["ranks"][0]["prefill"]["grown_bytes"] = 1.5
+    typed["runs"]["m-dcp2"]["transient_within"] = "yes"
+    assert memory.validate(typed) == [
+        "all_transient_within is None, not a verdict",
+        "run m-dcp2: transient_within is 'yes'",
+        "run m-dcp2 rank 0 prefill: grown_bytes is 1.5, not bytes",
+    ]
+    del typed["controls_caught_by_transient_rule"]
+    assert "missing controls_caught_by_transient_rule" in memory.validate(typed)
+
+
+BYTES = st.integers(0, 1 << 40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(profile_t=BYTES, kv=BYTES, step_t=BYTES, grown=st.integers(1, 1 << 40), data=st.data())
+def test_a_step_over_the_budget_only_by_what_grew_is_transient_within(
+    profile_t, kv, step_t, grown, data
+):
+    """A step whose own transient fits the profile's, over the strict budget only because the
+    engine holds more at its start than at the profile's start plus the pool: not ``within``,
+    ``transient_within``; per rank and class, margin = transient margin - grown."""
+    step_t = min(step_t, profile_t)
+    grown = max(grown, profile_t - step_t + 1)  # what grew exceeds the transient margin
+    dcp = data.draw(st.sampled_from([1, 2]))
+    r = run("m", dcp=dcp, peaks=grown_peaks(profile_t, kv, grown, step_t, dcp))
+    v = memory.run_verdict(r)
+    assert v["within"] is False and v["transient_within"] is True
+    assert v["why_transient_not_judged"] is None
+    for rank in v["ranks"]:
+        for kind in memory.STEP_CLASSES:
+            c = rank[kind]
+            assert c["grown_bytes"] == grown and c["transient_margin_bytes"] == profile_t - step_t
+            assert c["margin_bytes"] == c["transient_margin_bytes"] - c["grown_bytes"]
+    doc = memory.memory_result({"m": r})
+    key = "baseline" if dcp == 1 else "all"
+    assert doc[f"{key}_within"] is False and doc[f"{key}_transient_within"] is True
+
+
+@settings(max_examples=200, deadline=None)
+@given(profile_t=BYTES, kv=BYTES, excess=st.integers(1, 1 << 30), grown=st.integers(-GIB, GIB))
+def test_a_step_transient_above_the_profiles_fails_the_transient_rule(profile_t, kv, excess, grown):
+    """Whatever grew (even memory freed since the profile, which can leave the strict rule
+    passing): one rank's prefill transient above its profile transient fails the rank, the
+    run and ``all_transient_within``."""
+    peaks = grown_peaks(profile_t, kv, grown, profile_t)
+    over = list(peaks[1])
+    over[2] += excess  # rank 1's prefill peak, from the same start
+    r = run("m-dcp2", peaks=[peaks[0], tuple(over)])
+    v = memory.run_verdict(r)
+    assert [x["transient_within"] for x in v["ranks"]] == [True, False]
+    assert v["ranks"][1]["prefill"]["transient_margin_bytes"] == -excess
+    assert v["ranks"][1]["decode"]["transient_within"] is True
+    assert v["transient_within"] is False
+    assert memory.memory_result({"m-dcp2": r})["all_transient_within"] is False
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    reservation=st.integers(1, GIB),
+    over=st.integers(1, GIB),
+    grown=st.integers(1, GIB),
+    kv=BYTES,
+)
+def test_the_alloc_control_is_caught_by_the_transient_rule_against_a_grown_twin(
+    reservation, over, grown, kv
+):
+    """A twin whose steps start above the profile's start and the pool (grown beyond its
+    transient margin) and whose transient fits: strictly over, ``transient_within``. The
+    ``alloc`` control (its profile lower by the reservation, the same steps) is caught by the
+    transient rule; the strict ``caught`` stays False, its twin not being within."""
+    over = 1 + (over - 1) % reservation  # the step transient over the control's profile
+    step_t = GIB + over
+    margin = reservation - over  # the twin's transient margin
+    twin = run("m-dcp2", peaks=grown_peaks(GIB + reservation, kv, margin + grown, step_t))
+    ctl = run("m-dcp2-x", drop="alloc", peaks=grown_peaks(GIB, kv, margin + grown, step_t))
+    doc = memory.memory_result({"m-dcp2": twin, "m-dcp2-x": ctl})
+    assert doc["runs"]["m-dcp2"]["within"] is False
+    assert doc["runs"]["m-dcp2"]["transient_within"] is True
+    got = doc["controls"]["m-dcp2-x"]
+    assert got["caught"] is False and doc["controls_caught"] is False
+    assert got["caught_by_transient_rule"] is True
+    assert doc["controls_caught_by_transient_rule"] is True
+    assert got["reservation_bytes_by_rank"] == {"0": reservation, "1": reservation}
+    # the ``all`` control: the refusal counts against the same twin by the transient rule
+    msg = "rank 0: ValueError: DCP headroom check: the profiling forward reserved ..."
+    refused = run("m-dcp2-x", drop="all", ok=False, error=msg)
+    got = memory.memory_result({"m-dcp2": twin, "m-dcp2-x": refused})["controls"]["m-dcp2-x"]
+    assert got["caught"] is False and got["caught_by_transient_rule"] is True
+
+
+@settings(max_examples=50, deadline=None)
+@given(old_ranks=st.sets(st.integers(0, 1), min_size=1), dcp1=st.booleans())
+def test_a_record_without_the_step_start_is_not_judged_by_the_transient_rule(old_ranks, dcp1):
+    """Records from before the probe kept the step's start (any rank of a run): no transient
+    verdict (None, with the reason), never a pass of the headline, the baseline or a
+    control."""
+    new = grown_peaks(GIB, GIB, 0, GIB // 2)  # transient_within when recorded
+    old = [p[:4] for p in new]
+    peaks = [old[i] if i in old_ranks else new[i] for i in range(2)]
+    dcp = 1 if dcp1 else 2
+    r = run("m", dcp=dcp, peaks=peaks[:dcp])
+    v = memory.run_verdict(r)
+    recorded = dcp == 1 and 0 not in old_ranks
+    assert v["within"] is True
+    assert v["transient_within"] is (True if recorded else None)
+    if not recorded:
+        assert v["why_transient_not_judged"] == memory.UNRECORDED
+        assert None in [x["transient_within"] for x in v["ranks"]]
+        for kind in memory.STEP_CLASSES:
+            c = v["ranks"][min(old_ranks)][kind]
+            assert c["transient_within"] is None
+            assert all(c[f] is None for f in memory.TRANSIENT_FIELDS)
+        ctl = copy.deepcopy(r)
+        ctl["name"], ctl["config"]["env"][memory.DROP_ENV] = "m-x", "alloc"
+        doc = memory.memory_result({"m": r, "m-x": ctl})
+        assert doc["all_transient_within"] is False
+        assert doc["baseline_transient_within"] is (False if dcp == 1 else None)
+        assert doc["controls"]["m-x"]["caught_by_transient_rule"] is None
+        assert doc["controls_caught_by_transient_rule"] is False
+        assert memory.validate(doc | {"command": "", "revision": 0, "base": 0, "machine": 0}) == []
 
 
 RESERVATION_PROBE = r"""

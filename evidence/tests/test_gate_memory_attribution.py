@@ -24,7 +24,7 @@ sys.path.insert(0, str(EVIDENCE / "tests" / "support"))
 
 import results_tables  # noqa: E402
 from gate import memory, memory_probe  # noqa: E402
-from test_gate_memory import rank_mem, run  # noqa: E402
+from test_gate_memory import grown_peaks, rank_mem, run  # noqa: E402
 from venv_probe import needs_venv, run_probe  # noqa: E402
 
 KV = 5000
@@ -246,6 +246,52 @@ def test_step_peaks_are_the_largest_segment_and_as_without_attribution(sizes):
         assert len({s["module"].replace(".1.", ".0.") for s in sites}) == len(sites) <= 3
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.integers(1, 6), st.integers(0, 5000), st.integers(0, 3)), min_size=1
+    )
+)
+def test_each_class_keeps_the_start_of_the_step_that_set_its_peak(steps):
+    """Steps of (tokens, bytes the engine keeps from then on, sampler bytes per token) with
+    the sampling folded in: each class's ``peak_step_start_bytes`` is the allocated bytes at
+    the start of the (first) step with the class's largest peak, not of a later step, and its
+    transient is that step's own; a failed step records where it started."""
+    with pytest.MonkeyPatch.context() as mp:
+        cuda = _install(mp)
+        from vllm.v1.worker import gpu_worker  # the stand-in _install put there
+
+        w = gpu_worker.Worker(toy_model(cuda), cuda)
+        w.determine_available_memory()
+        seen: dict[str, list[tuple[int, int]]] = {}  # class -> (peak, start) per step
+        for tokens, kept, sampler in steps:
+            cuda.alloc(kept)  # between steps: what the engine allocates and keeps
+            start, high = cuda.allocated, cuda.allocated
+
+            def watch(n: int, alloc=cuda.alloc) -> None:
+                nonlocal high
+                alloc(n)
+                high = max(high, cuda.allocated)
+
+            cuda.alloc = watch  # the step's own high-water mark, apart from the probe's
+            w.execute_model(SimpleNamespace(num_scheduled_tokens={"a": tokens}))
+            w.sample_tokens(tokens * sampler)
+            del cuda.alloc
+            kind = "prefill" if tokens > 1 else "decode"
+            seen.setdefault(kind, []).append((high, start))
+        snap = memory_probe.snapshot()
+        for kind, got in seen.items():
+            peak, start = max(got, key=lambda x: x[0])  # the first of the largest
+            step = snap["steps"][kind]
+            assert (step["peak_bytes"], step["peak_step_start_bytes"]) == (peak, start)
+        cuda.alloc(7)
+        start = cuda.allocated
+        dict(w.net.named_modules())["model.layers.0.mlp"].forward = boom
+        with pytest.raises(MemoryError):
+            w.execute_model(SimpleNamespace(num_scheduled_tokens={"a": 3}))
+        assert memory_probe.snapshot()["failed_step"]["start_bytes"] == start
+
+
 def test_a_transient_in_a_nested_module_is_the_inner_modules(fresh_probe, monkeypatch):
     """(b) The indexer's transient, allocated while its parent holds a buffer, is the
     indexer's (its entry includes the parent's buffer), not its parent's, which keeps its
@@ -358,7 +404,30 @@ def test_the_memory_test_and_the_tables_carry_where_the_peak_was(tmp_path, monke
     monkeypatch.setattr(results_tables, "RESULTS", tmp_path)
     rows = [x for x in results_tables.memory_section() if x.startswith("| `m-")]
     assert rows[0].endswith("| self_attn.attn (L1) +1.00 | self_attn.indexer (L2) +1.00 |")
-    assert rows[1].startswith("| `m-old` |") and rows[1].endswith("| 1.50 | - | - |")
+    assert rows[1].startswith("| `m-old` |") and rows[1].endswith("| 1.50 | - | - | - | - |")
+
+
+def test_the_table_shows_the_transient_margin_and_what_grew(tmp_path, monkeypatch):
+    """The transient rule's columns (the smallest transient margin, the largest growth since
+    the profile, over ranks and step classes) and its verdicts in the header sentence."""
+    gib = 1 << 30
+    r = run("m-dcp2", peaks=grown_peaks(gib, gib, 3 * gib // 4, gib // 2))  # over by 0.25
+    r["memory"][1]["steps"]["decode"]["peak_bytes"] += gib // 4  # transient margin 0.25
+    prefill = r["memory"][0]["steps"]["prefill"]
+    prefill["peak_bytes"] += gib // 4  # the same transient from a start 0.25 GiB higher
+    prefill["peak_step_start_bytes"] += gib // 4
+    doc = memory.memory_result({"m-dcp2": r})
+    (tmp_path / "dcp-memory.json").write_text(json.dumps(doc))
+    monkeypatch.setattr(results_tables, "RESULTS", tmp_path)
+    out = results_tables.memory_section()
+    header = next(x for x in out if x.startswith("| run |")).split(" | ")
+    row = next(x for x in out if x.startswith("| `m-dcp2`")).split(" | ")
+    got = dict(zip(header, row, strict=True))
+    assert got["transient margin"] == "0.25" and got["grown since profile"] == "1.00"
+    assert got["within"] == "False"
+    sentence = next(x for x in out if x.startswith("Rule:"))
+    assert "All DCP runs transient-within: True (DCP = 1 baseline: None)" in sentence
+    assert "negative controls caught by it: False" in sentence
 
 
 TORCH_PROBE = r"""

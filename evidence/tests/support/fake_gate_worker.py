@@ -89,13 +89,24 @@ def main(config_path: str, out_dir: str) -> int:
             rec.fail("ValueError: DCP headroom check: the profiling forward reserved 0 rows", "")
             return 1
         gib = 1 << 30
-        # the reservation raises the profiled peak by 1 GiB; a step peaks at 3.5 GiB + pool
+        # the reservation raises the profiled peak by 1 GiB; a step peaks at 3.5 GiB + pool;
+        # the profile starts at 1 GiB, the steps at 1 GiB + pool (a step transient of 2.5 GiB
+        # against the profile's 3 GiB, 2 GiB without the reservation)
         profiled = 4 * gib if drop is None else 3 * gib
+        kv = cfg.kv_cache_memory_bytes
         rec.data["memory"] = {
-            "profile": {"peak_bytes": profiled, "kv_cache_bytes": cfg.kv_cache_memory_bytes},
+            "profile": {
+                "allocated_before_bytes": gib,
+                "peak_bytes": profiled,
+                "kv_cache_bytes": kv,
+            },
             "steps": {
-                "prefill": {"steps": 2, "peak_bytes": gib * 7 // 2 + cfg.kv_cache_memory_bytes},
-                "decode": {"steps": 31, "peak_bytes": gib + cfg.kv_cache_memory_bytes},
+                "prefill": {
+                    "steps": 2,
+                    "peak_bytes": gib * 7 // 2 + kv,
+                    "peak_step_start_bytes": gib + kv,
+                },
+                "decode": {"steps": 31, "peak_bytes": gib + kv, "peak_step_start_bytes": gib + kv},
             },
             "engine": {"num_gpu_blocks": 1000 - cfg.dcp, "block_size": 64},
         }
