@@ -398,7 +398,14 @@ def _stage_repo(tmp_path: Path) -> tuple[Path, dict[str, str], int]:
     bundle.write_text("import os, sys; os.makedirs(sys.argv[2], exist_ok=True)\n")
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     subprocess.run(["git", "add", "evidence"], cwd=repo, check=True)
-    tree_kib = sum(p.stat().st_size for p in (repo / "evidence").rglob("*") if p.is_file()) // 1024
+    # what `stage` counts: the tracked files' bytes, then .gpu's disk usage (du -sk)
+    tracked = sum(p.stat().st_size for p in (repo / "evidence").rglob("*") if p.is_file())
+    gpu_kib = int(
+        subprocess.run(
+            ["du", "-sk", str(gpu)], capture_output=True, text=True, check=True
+        ).stdout.split()[0]
+    )
+    tree_kib = tracked // 1024 + gpu_kib
     call_mib = (tree_kib + 1023) // 1024 + 3  # leaves parts of 2 MiB (1 MiB of margin)
     pystub = tmp_path / "py"
     pystub.write_text(f'#!/bin/bash\nexec python3 {bundle} "${{@:2}}"\n')
