@@ -48,9 +48,10 @@ an engine only the transient rule can show the controls.
 
 Capacity: vLLM's own figures after start-up (``num_gpu_blocks`` x ``block_size`` tokens per
 rank, which DCP shards, and the ``kv_cache_size_tokens`` it logs), per DCP size among runs of
-one checkpoint, backend and KV pool size per rank, with the ratio to that group's DCP = 1; a run vLLM refused
-because its pool cannot hold one ``max_model_len`` request is a row too (no tokens, the
-length refused and vLLM's estimate of the longest it could hold), never a memory verdict.
+one checkpoint, backend and KV pool size per rank, with the ratio to that group's DCP = 1; a
+run vLLM refused because its pool cannot hold one ``max_model_len`` request is a row too (no
+tokens, the length refused and vLLM's estimate of the longest it could hold), never a memory
+verdict.
 """
 
 from __future__ import annotations
