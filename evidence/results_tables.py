@@ -836,6 +836,13 @@ def peak_site(ranks: list[dict], kind: str, by: Any) -> str:
     return f"{name} +{_gib(site['peak_bytes'] - site['entry_bytes'])}"
 
 
+def step_figures(
+    ranks: list[dict], field: str, kinds: tuple[str, ...] = ("prefill", "decode")
+) -> list[int]:
+    """``field`` of every rank's step classes ``kinds`` (gate/memory.py), where recorded."""
+    return [r[k][field] for r in ranks for k in kinds if (r.get(k) or {}).get(field) is not None]
+
+
 def verdict_of(d: dict[str, Any], key: str) -> Any:
     """A memory result's verdict, "-" where the record predates it."""
     return d[key] if key in d else "-"
@@ -866,23 +873,6 @@ def memory_section() -> list[str]:
         rows = []
         for run, v in sorted((d.get("runs") or {}).items()):
             ranks = v.get("ranks") or []
-
-            def least(kind: str, field: str, ranks: list = ranks) -> int | None:
-                got = [r[kind][field] for r in ranks if kind in r]
-                return min(got) if got else None
-
-            def over_classes(field: str, ranks: list = ranks) -> list[int]:
-                return [
-                    r[k][field]
-                    for r in ranks
-                    for k in ("prefill", "decode")
-                    if r.get(k, {}).get(field) is not None
-                ]
-
-            transient_margins = over_classes("transient_margin_bytes")
-            grown = over_classes("grown_bytes")
-
-            peaks = [r["prefill"]["peak_bytes"] for r in ranks if "prefill" in r]
             caught = (d.get("controls") or {}).get(run, {}).get("caught")
             rows.append(
                 [
@@ -894,11 +884,11 @@ def memory_section() -> list[str]:
                     "refused" if v.get("refused") else v.get("within"),
                     "-" if caught is None else caught,
                     _gib(max((r.get("budget_bytes") or 0 for r in ranks), default=None)),
-                    _gib(max(peaks) if peaks else None),
-                    _gib(least("prefill", "margin_bytes")),
-                    _gib(least("decode", "margin_bytes")),
-                    _gib(min(transient_margins) if transient_margins else None),
-                    _gib(max(grown) if grown else None),
+                    _gib(max(step_figures(ranks, "peak_bytes", ("prefill",)), default=None)),
+                    _gib(min(step_figures(ranks, "margin_bytes", ("prefill",)), default=None)),
+                    _gib(min(step_figures(ranks, "margin_bytes", ("decode",)), default=None)),
+                    _gib(min(step_figures(ranks, "transient_margin_bytes"), default=None)),
+                    _gib(max(step_figures(ranks, "grown_bytes"), default=None)),
                     peak_site(
                         ranks, "prefill", lambda r: (r.get("prefill") or {}).get("peak_bytes")
                     ),

@@ -33,8 +33,9 @@ figures are each rank's own, valid under one-GPU emulation):
   the largest segment peak, which is exactly the peak since the span began, as without the
   hooks. The hooks are inert outside a measured span and while a CUDA graph is being captured.
   The cuts reset torch's peak statistic inside a forward, so vLLM's own readings of it (its
-  memory profiling without an explicit ``kv_cache_memory_bytes``) do not hold in a probed run:
-  every gate run sets ``kv_cache_memory_bytes``.
+  memory profiling without an explicit ``kv_cache_memory_bytes``) would not hold: a probed run
+  must set ``kv_cache_memory_bytes`` (``GateConfig`` refuses one that does not, and the wrapped
+  sizing raises).
 
 The negative controls, test-only and never shipped, are a rank environment variable
 ``GATE_DROP_DCP_RESERVATION``: ``alloc`` makes 0016's profiling reservation record its rows
