@@ -48,6 +48,9 @@ SPEC_KEYS = (
 )
 ADAPTIVE_MODES = ("off", "acceptance")
 PATCHED_ONLY_BACKENDS = ("TRITON_MLA_SPARSE_FP8_DS_MLA",)
+# Set in an emulated run's rank environment (ranks sharing a GPU): the worker then keeps
+# vLLM off the paths whose symmetric memory needs one device per rank (worker.engine_kwargs).
+EMULATED_ENV = "GATE_EMULATED"
 # The memory test's negative controls (gate/memory_probe.py reads the rank environment).
 DROP_RESERVATION_ENV = "GATE_DROP_DCP_RESERVATION"
 DROP_RESERVATION = ("alloc", "all")
@@ -398,6 +401,7 @@ def rank_envs(world: int, gpus: int, port: int, tag: str) -> list[dict[str, str]
                     # the symmetric-memory direct DCP collectives map peer GPUs' buffers:
                     # ranks sharing one device take vLLM's NCCL collectives instead
                     **{f"VLLM_USE_DIRECT_DCP_{op}": "0" for op in ("A2A", "Q_GATHER", "KV_GATHER")},
+                    EMULATED_ENV: "1",
                 }
         envs.append(env)
     return envs

@@ -144,7 +144,8 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
-def engine_kwargs(cfg: plan.GateConfig) -> dict[str, Any]:
+def engine_kwargs(cfg: plan.GateConfig, emulated: bool = False) -> dict[str, Any]:
+    """LLM(**kw) for a run; ``emulated``: its ranks share GPUs (plan.EMULATED_ENV)."""
     kw: dict[str, Any] = dict(
         model=cfg.model,
         skip_tokenizer_init=True,
@@ -183,6 +184,13 @@ def engine_kwargs(cfg: plan.GateConfig) -> dict[str, Any]:
         # engine_kwargs); the fusion is not what they test.
         cc = kw.setdefault("compilation_config", {})
         cc["pass_config"] = {**cc.get("pass_config", {}), "fuse_allreduce_rms": False}
+    if emulated and cfg.tp > 1 and cfg.dcp == 1:
+        # vLLM 0.34 shards FlashMLA-sparse (fp8 cache) and FlashInfer-sparse prefill by token
+        # across TP ranks without DCP (attention_config.sparse_mla_shard_q), exchanging
+        # through symmetric memory that refuses two ranks on one device (the 2026-12-06
+        # 14:05Z lease's TP 4 DCP 1 FlashMLA run). With DCP > 1 vLLM never shards so, so the
+        # DCP = 1 reference then takes the by-head path its DCP twin takes.
+        kw["attention_config"] = {"sparse_mla_shard_q": False}
     for key, value in cfg.engine_extra.items():  # validated by GateConfig (plan.py)
         if key in plan.HARNESS_KEYS:  # the harness's own, not vLLM's
             continue
@@ -396,7 +404,7 @@ def main(config_path: str, out_dir: str) -> int:
         if cfg.dcp > 1:
             install_fault_hook()
             install_merge_spy()
-        kw = engine_kwargs(cfg)
+        kw = engine_kwargs(cfg, emulated=os.environ.get(plan.EMULATED_ENV) == "1")
         record["engine_kwargs"] = {k: v for k, v in kw.items()}
         ledger_size = cfg.engine_extra.get("dcp_comm_ledger_size", 0)
         if ledger_size > 0:

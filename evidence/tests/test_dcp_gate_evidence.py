@@ -449,3 +449,21 @@ def test_ledger_observer_check_compares_with_the_run_without_a_ledger() -> None:
     other = _served(_run("o", {"single/1024": "X", "batch/0/700": "b"}, {}))
     with pytest.raises(ValueError, match="served other prompts"):
         ledger.observer_check((measured, "clean"), (other, "clean"))
+
+
+def test_an_emulated_dcp1_reference_stays_off_vllm_s_symmetric_memory_token_sharding() -> None:
+    """Ranks sharing one GPU cannot rendezvous vLLM's symmetric memory: an emulated TP > 1
+    DCP = 1 run turns sparse_mla_shard_q off (its DCP > 1 twin never takes that path); a
+    run with one GPU per rank, or with DCP, keeps vLLM's default."""
+    from gate import worker
+
+    ref = plan.GateConfig(name="r", model="m", tp=4, dcp=1, backend="FLASHMLA_SPARSE")
+    off = {"sparse_mla_shard_q": False}
+    assert worker.engine_kwargs(ref, emulated=True)["attention_config"] == off
+    assert "attention_config" not in worker.engine_kwargs(ref)
+    dcp = plan.GateConfig(name="d", model="m", tp=4, dcp=4, backend="FLASHMLA_SPARSE")
+    assert "attention_config" not in worker.engine_kwargs(dcp, emulated=True)
+    emulated = plan.rank_envs(4, 1, 29600, "r")
+    native = plan.rank_envs(4, 4, 29600, "r")
+    assert all(e[plan.EMULATED_ENV] == "1" for e in emulated)
+    assert not any(plan.EMULATED_ENV in e for e in native)
