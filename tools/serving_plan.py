@@ -282,7 +282,12 @@ def render(checkpoints: Sequence[Checkpoint] | None = None) -> str:
         "(geometry and `quantization_config`). They are estimates to plan with: the engine logs "
         "the real figures at start (`Available KV cache memory`, `GPU KV cache size`). "
         f"Assumed per GPU: {RESERVE_GIB:g} GiB for activations, CUDA graphs and buffers; the "
-        "memory CUDA reports; the `--gpu-memory-utilization` of the machine's row.",
+        "memory CUDA reports; the `--gpu-memory-utilization` of the machine's row. With DCP "
+        "the series' patch 0016 reserves the DCP query route's largest step inside that "
+        "figure, before vLLM sizes the pool: per GPU, at TP 4 DCP 4, 8,192 batched tokens and "
+        "the default `a2a` combine, 2.19 GiB for GLM-5.2's 64 heads and 4.39 GiB for "
+        "DeepSeek-V3.2's 128 (its byte model; fewer `--max-num-batched-tokens` shrink it in "
+        "proportion), so the engine's logged KV memory can fall below these rows.",
         "",
         "## KV bytes per token",
         "",
