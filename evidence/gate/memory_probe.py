@@ -17,7 +17,9 @@ figures are each rank's own, valid under one-GPU emulation):
   ``peak_step_start_bytes``, torch's allocated bytes when the step that set that peak started
   (after the synchronize, before the step runs: what the engine holds between steps, so the
   step's own transient is ``peak_bytes - peak_step_start_bytes``); a step that raised is
-  ``failed_step`` (its peak up to the error and its ``start_bytes``);
+  ``failed_step`` (its peak up to the error and its ``start_bytes``); ``prefill`` also keeps
+  ``step_seconds``, each prefill step's wall time from the synchronize before it to the one
+  after it, in order (sampling excluded; with ranks sharing one GPU, one-GPU emulation times);
 * ``engine``: after start-up, vLLM's own KV figures (blocks, block size, the token capacity
   and concurrency it logs) and the DCP reservation 0016 recorded on the attention layers;
 * ``attribution``: where in the profiling forward (``profile``) and in the step that set each
@@ -51,6 +53,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from typing import Any
 
 from gate.plan import DROP_RESERVATION, DROP_RESERVATION_ENV
@@ -237,6 +240,7 @@ def install() -> None:
         start = cuda.memory_allocated()  # what the engine holds before this step
         span = open_span(cuda)  # stays open through the sampling that follows
         failed = True
+        t0 = time.perf_counter()
         try:
             out = step(self, scheduler_output)
             cuda.synchronize()
@@ -254,6 +258,7 @@ def install() -> None:
                 top=span.top(),
                 raised_in=span.stack[-1][0] if failed else None,
                 start=start,
+                seconds=time.perf_counter() - t0,
             )
         return out
 
@@ -285,11 +290,13 @@ def record_step(
     top: list[dict[str, Any]] | None = None,
     raised_in: str | None = None,
     start: int | None = None,
+    seconds: float | None = None,
 ) -> None:
     """Fold one step's peak into the largest of its class (pure; see the module docstring),
     with ``top`` (its attribution so far) and ``start`` (allocated bytes when the step
-    started) when the step sets that peak; a step that raised is kept apart as
-    ``failed_step`` (its peak up to the error, its start, the module it raised in)."""
+    started) when the step sets that peak; a prefill step's ``seconds`` joins its class's
+    ``step_seconds`` in order; a step that raised is kept apart as ``failed_step`` (its peak
+    up to the error, its start, the module it raised in)."""
     kind = "prefill" if max(per_request.values()) > 1 else "decode"
     tokens = sum(per_request.values())
     if failed:
@@ -308,6 +315,8 @@ def record_step(
         cur = _STATE["steps"][kind] = {"steps": 0, "peak_bytes": -1}
     cur["steps"] += 1
     cur["max_step_tokens"] = max(cur.get("max_step_tokens", 0), tokens)
+    if kind == "prefill" and seconds is not None:
+        cur.setdefault("step_seconds", []).append(round(seconds, 4))
     holds = _fold(cur, peak, peak_reserved, tokens, start)
     _STATE["last"] = (kind, tokens, holds, start)
     if holds and top is not None:

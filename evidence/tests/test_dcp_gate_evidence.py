@@ -104,7 +104,11 @@ def test_calibration_suite_and_the_all_queue_resolve() -> None:
         "patched-variants",
         # the vLLM 0.34.0 suites (base034-*) run by name, not in the 0.33.0 `all`
         *_base034_suites(),
-    } | set(n for q in ("long-prompts", "long", "issue43", "issue43-next") for n in plans.QUEUES[q])
+    } | set(
+        n
+        for q in ("long-prompts", "long", "issue43", "issue43-next", "issue43-lease3")
+        for n in plans.QUEUES[q]
+    )
     assert "answer_logit=7" in plans.NEEDLE_ARGS
 
 

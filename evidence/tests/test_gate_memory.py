@@ -252,6 +252,20 @@ def test_step_folding_keeps_the_largest_peak_per_class():
     assert memory_probe._STATE["last"] is None
 
 
+def test_prefill_steps_keep_their_seconds_in_order_and_decode_steps_none():
+    """Each prefill step's seconds join ``step_seconds`` in the order they ran; decode steps,
+    failed steps and steps given no time add none."""
+    memory_probe._STATE.update(steps={}, last=None, failed_step=None)
+    memory_probe.record_step({"a": 8192}, 7, 9, seconds=2.00004)
+    memory_probe.record_step({"a": 1}, 2, 5, seconds=0.5)
+    memory_probe.record_step({"a": 4000, "b": 1}, 8, 8, seconds=3.5)
+    memory_probe.record_step({"a": 8192}, 9, 9)
+    memory_probe.record_step({"a": 9000}, 99, 99, failed=True, seconds=7.0)
+    got = memory_probe._STATE["steps"]
+    assert got["prefill"]["step_seconds"] == [2.0, 3.5]
+    assert got["prefill"]["steps"] == 3 and "step_seconds" not in got["decode"]
+
+
 @pytest.mark.parametrize("kv_bytes", [None, 0, 1.5])
 def test_the_probe_needs_an_explicit_pool(kv_bytes):
     with pytest.raises(ValueError, match="memory_probe needs kv_cache_memory_bytes"):

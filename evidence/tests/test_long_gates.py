@@ -571,13 +571,23 @@ def test_the_socket_rate_is_the_committed_records_calibration():
 
 # --- the long suites ----------------------------------------------------------------------------
 
-LONG = ("long-128k-dcp4", "long-1m-dcp4", "long-256k-dcp4", "long-v32n-128k-dcp4")
+LONG = (
+    "long-128k-dcp4",
+    "long-1m-dcp4",
+    "long-512k-dcp4",
+    "long-256k-dcp4",
+    "long-v32n-128k-dcp4",
+)
 
 
 def _long_runs() -> dict[str, tuple[str, dict]]:
     from gate import plans
 
-    return {r["name"]: (n, r) for n in LONG for r in plans.SUITES[n]["runs"]}
+    runs: dict[str, tuple[str, dict]] = {}
+    for n in LONG:  # a run shared by several suites: the first that lists it
+        for r in plans.SUITES[n]["runs"]:
+            runs.setdefault(r["name"], (n, r))
+    return runs
 
 
 def test_the_long_checkpoints_are_needle_checkpoints_with_a_1m_position_table():
@@ -624,7 +634,7 @@ def test_each_long_run_reserves_its_planned_kv_pool_and_serves_one_prompt():
         ), run_name
         assert "gpu_memory_utilization" not in run and "kv_cache_memory_bytes" in run
         assert cfg.variant == "patched" and cfg.env == {"VLLM_USE_V2_MODEL_RUNNER": "1"}
-        assert cfg.lens[0] in (131072, 262144, 1048576) and suite.split("-")[1] in run_name
+        assert cfg.lens[0] in (131072, 262144, 524288, 1048576) and suite.split("-")[1] in run_name
 
 
 def test_each_long_suite_decides_its_gates_alone():
@@ -728,6 +738,7 @@ def test_the_status_table_names_what_a_long_gate_compares():
             "DCP vs DCP = 1 (128k prompt)"
         ),
         "p-glmn1m-tp4-dcp4-1m-ckv-0.34.0": "packed-CKV prefill route vs DCP = 1 (1M prompt)",
+        "p-glmn1m-tp4-dcp4-512k-ckv-0.34.0": "packed-CKV prefill route vs DCP = 1 (512k prompt)",
         "p-glmn1m-tp4-dcp4-256k-ckv-0.34.0": "packed-CKV prefill route vs DCP = 1 (256k prompt)",
         "p-glmn1m-tp4-dcp4-256k-triton_mla_sparse_fp8_ds_mla-0.34.0": (
             "DCP vs DCP = 1 (256k prompt)"
