@@ -526,6 +526,20 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
             flush=True,
         )
     names = {r["name"] for r in suite.get("runs", [])}
+    needle = needle_calibration(suite, runs)
+    if needle is not None:
+        needle.update(
+            command=shlex.join([sys.executable, *sys.argv]),
+            revision=dict(
+                next((runs[n].get("revision") for n in sorted(needle["runs"])), None) or {},
+                report=revision()["series"],
+            ),
+        )
+        path = out / f"dcp-{suite.get('name') or 'needle-suite'}.json"
+        path.write_text(json.dumps(needle, indent=1, sort_keys=True) + "\n")
+        written.append(path)
+        for n, r in sorted(needle["runs"].items()):
+            print(f"NEEDLE {n}: {r['per_prompt']}", flush=True)
     mem = memory.memory_result({n: r for n, r in runs.items() if n in names})
     if mem is not None:
         first = next(r for n, r in sorted(runs.items()) if n in names)
@@ -547,6 +561,49 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
             flush=True,
         )
     return written
+
+
+def needle_calibration(suite: dict[str, Any], runs: dict[str, Any]) -> dict[str, Any] | None:
+    """A calibration suite's verdict (one without gates or noise pairs whose runs have a
+    sensitivity pass): per run and prompt, whether the clean pass generated the needle's
+    answer first and how far replacing the needle moved the first step (a lower bound, as
+    in the gates); None for any other suite or when none of its runs finished."""
+    if suite.get("gates") or suite.get("noise"):
+        return None
+    doc: dict[str, Any] = {}
+    for run in suite.get("runs", []):
+        rec = runs.get(run["name"])
+        if rec is None or not verdict.finished_passes(rec).get("sensitivity"):
+            continue
+        sens = verdict.sensitivity(rec)
+        found = verdict.needle_retrieval(rec) or {}
+        per_prompt = {}
+        for key, moved in sorted(sens.get("per_prompt", {}).items()):
+            clean_key = key.split("~")[0]
+            clean = (found.get("clean") or {}).get(clean_key, {})
+            per_prompt[clean_key] = {
+                "needle_retrieved": clean.get("needle_retrieved"),
+                "first_token": clean.get("first_token"),
+                "first_step_move_lower_bound": moved["first_step_move_lower_bound"],
+            }
+        doc[run["name"]] = {
+            "checkpoint": rec.get("checkpoint"),
+            "model": run["model"],
+            "answer_id": found.get("answer_id"),
+            "per_prompt": per_prompt,
+        }
+    if not doc:
+        return None
+    first = runs[next(iter(doc))]
+    return {
+        "schema_version": verdict.SCHEMA_VERSION,
+        "kind": "dcp_gate_needle_calibration",
+        "measure": "per run and single prompt: the clean pass's first token against the "
+        "checkpoint's answer, and the sensitivity pass's first-step move (verdict.sensitivity)",
+        "base": first.get("base"),
+        "machine": first.get("machine"),
+        "runs": doc,
+    }
 
 
 def _write_result(path: Path, doc: dict[str, Any], validate: Any, what: str) -> Path:

@@ -360,6 +360,44 @@ def _needle_runs(cand_first: int = ANSWER) -> tuple[dict, dict]:
     return ref, cand
 
 
+def test_a_calibration_suite_reports_retrieval_and_move_per_prompt(tmp_path):
+    """A suite without gates or noise pairs whose runs have a sensitivity pass: `report`
+    writes dcp-<suite>.json with each run's retrieval and first-step move per single prompt;
+    a run without a finished sensitivity pass is left out; a gated suite writes none."""
+    import dcp_gate
+
+    ref, cand = _needle_runs()
+    lost = _run(
+        "lost",
+        {"clean": {"single/8": _prompt(first=9)}, "sensitivity": {"single/8~p5": _prompt(9, -0.3)}},
+        dcp=1,
+    )
+    (tmp_path / "runs").mkdir()
+    for r in (ref, cand, lost):
+        (tmp_path / "runs" / f"{r['name']}.json").write_text(json.dumps(r))
+    suite = {
+        "name": "needle-x",
+        "runs": [{"name": n, "model": "@m"} for n in ("ref", "cand", "lost")],
+        "noise": {},
+        "gates": {},
+    }
+    dcp_gate.report(suite, tmp_path, tmp_path / "out")
+    got = json.loads((tmp_path / "out" / "dcp-needle-x.json").read_text())
+    assert got["kind"] == "dcp_gate_needle_calibration" and set(got["runs"]) == {"ref", "lost"}
+    assert got["runs"]["ref"]["per_prompt"] == {
+        "single/8": {
+            "needle_retrieved": True,
+            "first_token": ANSWER,
+            "first_step_move_lower_bound": pytest.approx(2.4),
+        }
+    }
+    assert got["runs"]["lost"]["per_prompt"]["single/8"]["needle_retrieved"] is False
+    assert got["runs"]["lost"]["per_prompt"]["single/8"]["first_step_move_lower_bound"] == (
+        pytest.approx(0.3)
+    )
+    assert dcp_gate.needle_calibration({**suite, "gates": {"g": ["ref", "cand"]}}, {}) is None
+
+
 def test_needle_retrieval_reads_the_first_token_of_each_single_prompt():
     from gate import verdict
 
@@ -593,9 +631,11 @@ def _long_runs() -> dict[str, tuple[str, dict]]:
 def test_the_long_checkpoints_are_needle_checkpoints_with_a_1m_position_table():
     from gate import plans
 
-    for name, base in (("glmn1m", "glmn"), ("v32n1m", "v32n")):
+    raised = {"attn_margin=9": "attn_margin=13", "answer_logit=7": "answer_logit=10"}
+    for name, base, knobs in (("glmn1m", "glmn", {}), ("v32n1m", "v32n", raised)):
         argv = plans.LONG_CKPTS[name]
-        assert argv == [*plans.NEEDLE_CKPTS[base], "--max-position-embeddings", "1114112"]
+        want = [knobs.get(a, a) for a in plans.NEEDLE_CKPTS[base]]
+        assert argv == [*want, "--max-position-embeddings", "1114112"]
         cfg = ck.make_config(*[argv[argv.index("--arch") + 1]], max_position_embeddings=1114112)
         assert cfg["max_position_embeddings"] >= 1_048_576 + 64
     every = {n: s["checkpoints"] for n, s in plans.SUITES.items() if n in LONG}
