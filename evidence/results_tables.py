@@ -848,6 +848,18 @@ def verdict_of(d: dict[str, Any], key: str) -> Any:
     return d[key] if key in d else "-"
 
 
+def layer_cell(v: dict[str, Any]) -> str:
+    """The attention rule's cell of a run: the DSA layer's largest prefill step transient and
+    its profile's over the ranks (GiB), and the verdict; "-" where not judged."""
+    ranks = v.get("ranks") or []
+    step = step_figures(ranks, "layer_step_bytes", ("prefill",))
+    profile = step_figures(ranks, "layer_profile_bytes", ("prefill",))
+    if not step or not profile or v.get("attention_within") is None:
+        return "-"
+    mark = "within" if v["attention_within"] else "over"
+    return f"{_gib(max(step))} / {_gib(max(profile))} ({mark})"
+
+
 def memory_section() -> list[str]:
     """The memory test and the capacity table (``dcp-memory*.json``, gate/memory.py)."""
     out: list[str] = []
@@ -859,7 +871,11 @@ def memory_section() -> list[str]:
             f"{d.get('controls_caught')}. Transient rule: {d.get('transient_rule') or '-'}. All "
             f"DCP runs transient-within: {verdict_of(d, 'all_transient_within')} (DCP = 1 "
             f"baseline: {verdict_of(d, 'baseline_transient_within')}); negative controls caught "
-            f"by it: {verdict_of(d, 'controls_caught_by_transient_rule')}. Revision "
+            f"by it: {verdict_of(d, 'controls_caught_by_transient_rule')}. Attention rule: "
+            f"{d.get('attention_rule') or '-'}. All DCP runs attention-within: "
+            f"{verdict_of(d, 'all_attention_within')} (DCP = 1 baseline: "
+            f"{verdict_of(d, 'baseline_attention_within')}); negative controls caught by it: "
+            f"{verdict_of(d, 'controls_caught_by_attention_rule')}. Revision "
             f"{revision(d)}; {', '.join(d.get('transport') or []) or '-'}. GiB per rank; "
             "margin: the smallest over the ranks (budget - step peak); transient margin: the "
             "smallest over the ranks and step classes (profile transient - step transient); "
@@ -889,6 +905,7 @@ def memory_section() -> list[str]:
                     _gib(min(step_figures(ranks, "margin_bytes", ("decode",)), default=None)),
                     _gib(min(step_figures(ranks, "transient_margin_bytes"), default=None)),
                     _gib(max(step_figures(ranks, "grown_bytes"), default=None)),
+                    layer_cell(v),
                     peak_site(
                         ranks, "prefill", lambda r: (r.get("prefill") or {}).get("peak_bytes")
                     ),
@@ -910,6 +927,7 @@ def memory_section() -> list[str]:
                 "decode margin",
                 "transient margin",
                 "grown since profile",
+                "attention step / profile",
                 "prefill peak at",
                 "profile peak at",
             ],

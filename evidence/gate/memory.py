@@ -37,11 +37,26 @@ largest step's own transient, whatever the engine kept after the profile (``grow
 reported beside it, not judged). A record from before the probe kept the step's start has no
 transient verdict (None, never a pass).
 
+The transient rule is lenient by what the profiling forward allocated and kept (its
+allowance counts it; the step's start already holds it), so a DSA layer can take more in a
+step than its profile did and still pass. The attention rule judges 0016's promise where it
+is made, per rank and step class, from the probe's attribution:
+
+    the DSA layer's largest segment transient in the step
+        <= the same in the profiling forward + LAYER_SLACK_BYTES          ("attention_within")
+
+where the layer's segments are those of a module whose class names ``Attention`` or
+``Indexer`` (peak - allocated at the segment's entry) and LAYER_SLACK_BYTES covers the
+per-step metadata a profiling batch does not carry (measured at most 2 MiB over its profile at
+top-k 512). It is None (never a pass) for a record without attribution, or when no such
+segment is among a class's recorded sites.
+
 Negative controls (runs whose environment sets ``GATE_DROP_DCP_RESERVATION``) are judged
 against their twin, the run of the same configuration without it, by each rule: ``alloc``
 (the series' reservation recorded but not allocated) is ``caught`` when some rank steps over
 its budget and the twin is ``within``, ``caught_by_transient_rule`` when some rank's step
-transient exceeds its profile transient and the twin is ``transient_within``; ``all`` (no
+transient exceeds its profile transient and the twin is ``transient_within``,
+``caught_by_attention_rule`` likewise with ``attention_within``; ``all`` (no
 reservation at all) when the series' start-up check refused the engine, with a twin within
 by that rule. A twin whose growth exceeds its transient margin is never ``within``: on such
 an engine only the transient rule can show the controls.
@@ -79,6 +94,9 @@ TRANSIENT_FIELDS = (
 )
 UNRECORDED = "a rank's record has no step start (made before the transient rule)"
 ATTRIBUTED = ("profile", *STEP_CLASSES)
+LAYER_CLASSES = ("Attention", "Indexer")  # a DSA layer's modules in the probe's attribution
+LAYER_SLACK_BYTES = 4 << 20
+NO_ATTRIBUTION = "a rank's record has no attribution, or none of the DSA layer's segments"
 
 
 def peak_at(mem: dict[str, Any]) -> dict[str, Any] | None:
@@ -113,6 +131,31 @@ def transient(profile: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def layer_transient(sites: list[dict[str, Any]] | None) -> int | None:
+    """The largest transient of a DSA layer's segments among ``sites`` (``peak_at``'s sites
+    of one class); None when none is recorded."""
+    got = [
+        s["transient_bytes"]
+        for s in sites or []
+        if any(c in (s.get("class") or "") for c in LAYER_CLASSES)
+    ]
+    return max(got) if got else None
+
+
+def attention(at: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    """One step class by the attention rule (the module docstring): the layer's transient in
+    the step and in the profile and ``attention_within``, None where either is unrecorded."""
+    step = layer_transient((at or {}).get(kind))
+    profile = layer_transient((at or {}).get("profile"))
+    if step is None or profile is None:
+        return {"layer_step_bytes": None, "layer_profile_bytes": None, "attention_within": None}
+    return {
+        "layer_step_bytes": step,
+        "layer_profile_bytes": profile,
+        "attention_within": step <= profile + LAYER_SLACK_BYTES,
+    }
+
+
 def rank_verdict(mem: dict[str, Any]) -> dict[str, Any]:
     """One rank's record against its budget and by the transient rule; ``within`` is None
     when there is nothing to judge (no profile, or no step ran), ``transient_within`` also
@@ -126,7 +169,13 @@ def rank_verdict(mem: dict[str, Any]) -> dict[str, Any]:
     }
     if not profile:
         why = "no profiling record (engine did not size its pool)"
-        return {**out, "within": None, "transient_within": None, "why": why}
+        return {
+            **out,
+            "within": None,
+            "transient_within": None,
+            "attention_within": None,
+            "why": why,
+        }
     budget = int(profile["peak_bytes"]) + int(profile["kv_cache_bytes"])
     out.update(
         profiled_peak_bytes=int(profile["peak_bytes"]),
@@ -148,6 +197,7 @@ def rank_verdict(mem: dict[str, Any]) -> dict[str, Any]:
             "max_step_tokens": step.get("max_step_tokens"),
             "peak_step_start_bytes": step.get("peak_step_start_bytes"),
             **transient(profile, step),
+            **attention(out["peak_at"], kind),
         }
         judged.append(peak <= budget)
     out["within"] = all(judged) if judged else None
@@ -155,6 +205,8 @@ def rank_verdict(mem: dict[str, Any]) -> dict[str, Any]:
     out["transient_within"] = (
         all(by_transient) if by_transient and None not in by_transient else None
     )
+    by_layer = [out[k]["attention_within"] for k in STEP_CLASSES if k in out]
+    out["attention_within"] = all(by_layer) if by_layer and None not in by_layer else None
     if not judged:
         out["why"] = "no model step after start-up"
     return out
@@ -206,6 +258,10 @@ def run_verdict(run: dict[str, Any]) -> dict[str, Any]:
         UNRECORDED if any(r["transient_within"] is None for r in ranks) else None
     )
     transient_within = None if why_transient else all(r["transient_within"] for r in ranks)
+    why_layer = why or (
+        NO_ATTRIBUTION if any(r["attention_within"] is None for r in ranks) else None
+    )
+    attention_within = None if why_layer else all(r["attention_within"] for r in ranks)
     over = [
         r[k]["peak_bytes"] - r["budget_bytes"]
         for r in ranks
@@ -228,6 +284,8 @@ def run_verdict(run: dict[str, Any]) -> dict[str, Any]:
         "why_not_judged": why,
         "transient_within": transient_within,
         "why_transient_not_judged": why_transient,
+        "attention_within": attention_within,
+        "why_attention_not_judged": why_layer,
         "failed_steps": [
             {"rank": m.get("rank"), **m["failed_step"], **raised_in(m)}
             for m in run.get("memory") or []
@@ -264,19 +322,34 @@ def control_verdict(control: dict[str, Any], twin: dict[str, Any] | None) -> dic
     kind = control["control"]
     if twin is None:
         why = "no twin run (same configuration, no control)"
-        return {"caught": None, "caught_by_transient_rule": None, "why": why}
+        return {
+            "caught": None,
+            "caught_by_transient_rule": None,
+            "caught_by_attention_rule": None,
+            "why": why,
+        }
     out: dict[str, Any] = {
         "twin": twin["run"],
         "twin_within": twin["within"],
         "twin_transient_within": twin["transient_within"],
+        "twin_attention_within": twin["attention_within"],
     }
     twin_ok = twin["transient_within"] is True
+    twin_layer = twin["attention_within"]
     if kind == "all":
         out["caught"] = control["refused"] and twin["within"] is True
         out["caught_by_transient_rule"] = (
             None if unrecorded(twin) else control["refused"] and twin_ok
         )
+        out["caught_by_attention_rule"] = (
+            None if twin_layer is None else control["refused"] and twin_layer
+        )
         return out
+    out["caught_by_attention_rule"] = (
+        None
+        if twin_layer is None or control["attention_within"] is None
+        else control["attention_within"] is False and twin_layer
+    )
     out["caught"] = control["within"] is False and twin["within"] is True
     out["caught_by_transient_rule"] = (
         None
@@ -395,6 +468,14 @@ def memory_result(runs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
         "controls_caught": bool(controls) and all(c["caught"] is True for c in controls.values()),
         "controls_caught_by_transient_rule": bool(controls)
         and all(c["caught_by_transient_rule"] is True for c in controls.values()),
+        "attention_rule": "every rank's largest DSA-layer segment transient in its largest "
+        f"prefill and decode step <= that in the profiling forward + {LAYER_SLACK_BYTES} bytes",
+        "all_attention_within": bool(series) and all(v["attention_within"] is True for v in series),
+        "baseline_attention_within": (
+            all(v["attention_within"] is True for v in baseline) if baseline else None
+        ),
+        "controls_caught_by_attention_rule": bool(controls)
+        and all(c["caught_by_attention_rule"] is True for c in controls.values()),
         "capacity": capacity_rows(list(probed.values())),
     }
 
@@ -412,6 +493,10 @@ RESULT_KEYS = (
     "baseline_transient_within",
     "controls_caught",
     "controls_caught_by_transient_rule",
+    "attention_rule",
+    "all_attention_within",
+    "baseline_attention_within",
+    "controls_caught_by_attention_rule",
     "capacity",
     "command",
     "revision",
@@ -432,6 +517,9 @@ def validate(doc: dict[str, Any]) -> list[str]:
         ("all_transient_within", False),
         ("baseline_transient_within", True),
         ("controls_caught_by_transient_rule", False),
+        ("all_attention_within", False),
+        ("baseline_attention_within", True),
+        ("controls_caught_by_attention_rule", False),
     ):
         if key in doc and not _verdict(doc[key], nullable):
             out.append(f"{key} is {doc[key]!r}, not a verdict")
@@ -443,6 +531,10 @@ def validate(doc: dict[str, Any]) -> list[str]:
             out.append(f"run {name}: transient_within is {v.get('transient_within')!r}")
         elif v.get("transient_within") is None and not v.get("why_transient_not_judged"):
             out.append(f"run {name}: not judged by the transient rule, and no reason given")
+        if not _verdict(v.get("attention_within"), True):
+            out.append(f"run {name}: attention_within is {v.get('attention_within')!r}")
+        elif v.get("attention_within") is None and not v.get("why_attention_not_judged"):
+            out.append(f"run {name}: not judged by the attention rule, and no reason given")
         for r in v.get("ranks") or []:
             where = f"run {name} rank {r.get('rank')}"
             if not _verdict(r.get("transient_within"), True):

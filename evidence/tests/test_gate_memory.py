@@ -126,8 +126,10 @@ def test_the_headline_judges_dcp_runs_and_a_control_needs_a_twin_that_ran():
         "twin": "m-dcp2",
         "twin_within": True,
         "twin_transient_within": None,  # a record without the steps' start
+        "twin_attention_within": None,  # nor the probe's attribution
         "caught": True,
         "caught_by_transient_rule": None,
+        "caught_by_attention_rule": None,
     }
 
 
@@ -643,3 +645,77 @@ def test_the_reservation_record_reads_0016s_plans_through_its_own_largest_plan()
         "plan_peak_phase": "combine",
         "plan_peak_bytes": got["peak"],
     }
+
+
+# --- the attention rule -------------------------------------------------------------------
+
+
+def with_layer(r: dict, profile_t: int, step_t: int, cls: str = "DeepseekV32Attention") -> dict:
+    """``r`` with each rank's attribution: the DSA layer's segment ``profile_t`` above its
+    entry in the profile and ``step_t`` in the prefill step (decode: 1 KiB), beside an MLP
+    segment that peaks higher in each."""
+
+    def sites(t: int) -> list[dict]:
+        layer = {"module": "model.layers.*.self_attn", "class": cls, "entry_bytes": GIB}
+        mlp = {"module": "model.layers.*.mlp", "class": "DeepseekV2MLP", "entry_bytes": 0}
+        return [mlp | {"peak_bytes": 4 * GIB}, layer | {"peak_bytes": GIB + t}]
+
+    out = copy.deepcopy(r)
+    for m in out["memory"]:
+        m["attribution"] = {"profile": sites(profile_t), "prefill": sites(step_t)}
+        m["attribution"]["decode"] = sites(1024)
+    return out
+
+
+@pytest.mark.parametrize("cls", ["DeepseekV32Attention", "Indexer"])
+def test_the_attention_rule_holds_the_layer_to_its_profile_within_the_slack(cls):
+    """A DSA layer (an attention or indexer segment) whose step transient is at most
+    LAYER_SLACK_BYTES above its profile's is within; one byte more is not, whatever the
+    strict and transient rules say of the rank."""
+    slack = memory.LAYER_SLACK_BYTES
+    fits = with_layer(run("m-dcp2"), GIB, GIB + slack, cls)
+    over = with_layer(run("m-dcp2"), GIB, GIB + slack + 1, cls)
+    got = memory.memory_result({"m-dcp2": fits})
+    assert got["runs"]["m-dcp2"]["attention_within"] is True and got["all_attention_within"]
+    rank = got["runs"]["m-dcp2"]["ranks"][0]["prefill"]
+    assert (rank["layer_step_bytes"], rank["layer_profile_bytes"]) == (GIB + slack, GIB)
+    got = memory.memory_result({"m-dcp2": over})
+    assert got["runs"]["m-dcp2"]["attention_within"] is False
+    assert got["runs"]["m-dcp2"]["within"] is True  # the strict rule sees nothing
+    assert got["all_attention_within"] is False and memory.validate(got) == [
+        f"missing {k}" for k in ("command", "revision", "base", "machine")
+    ]
+
+
+def test_the_attention_rule_needs_the_layers_segments():
+    """Without attribution, or with no attention or indexer segment among a class's sites,
+    a run is not judged by the attention rule (None, with the reason), never a pass."""
+    bare = memory.memory_result({"m-dcp2": run("m-dcp2")})
+    v = bare["runs"]["m-dcp2"]
+    assert v["attention_within"] is None and v["why_attention_not_judged"] == (
+        memory.NO_ATTRIBUTION
+    )
+    assert bare["all_attention_within"] is False
+    no_layer = with_layer(run("m-dcp2"), GIB, GIB, cls="DeepseekV2MLP")
+    v = memory.memory_result({"m-dcp2": no_layer})["runs"]["m-dcp2"]
+    assert v["attention_within"] is None
+    doc = memory.memory_result({"m-dcp2": run("m-dcp2")})
+    doc["runs"]["m-dcp2"]["why_attention_not_judged"] = None
+    assert "run m-dcp2: not judged by the attention rule, and no reason given" in (
+        memory.validate(doc)
+    )
+
+
+def test_the_alloc_control_is_caught_by_the_attention_rule_against_a_twin_within():
+    """The ``alloc`` control's layer takes in its step what its profile never allocated: caught
+    when its twin's layer is within, not when the twin's is over too or unrecorded."""
+    twin = with_layer(run("m-dcp2"), 2 * GIB, 2 * GIB)
+    ctl = with_layer(run("m-dcp2-noalloc", drop="alloc"), 0, 2 * GIB)
+    got = memory.memory_result({"m-dcp2": twin, "m-dcp2-noalloc": ctl})
+    assert got["controls"]["m-dcp2-noalloc"]["caught_by_attention_rule"] is True
+    assert got["controls_caught_by_attention_rule"] is True
+    bad_twin = with_layer(run("m-dcp2"), 0, 2 * GIB)
+    got = memory.memory_result({"m-dcp2": bad_twin, "m-dcp2-noalloc": ctl})
+    assert got["controls"]["m-dcp2-noalloc"]["caught_by_attention_rule"] is False
+    got = memory.memory_result({"m-dcp2": run("m-dcp2"), "m-dcp2-noalloc": ctl})
+    assert got["controls"]["m-dcp2-noalloc"]["caught_by_attention_rule"] is None
