@@ -565,7 +565,8 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
 
 def needle_calibration(suite: dict[str, Any], runs: dict[str, Any]) -> dict[str, Any] | None:
     """A calibration suite's verdict (one without gates or noise pairs whose runs have a
-    sensitivity pass): per run and prompt, whether the clean pass generated the needle's
+    sensitivity pass, on a checkpoint with a needle's answer): per run and prompt, whether
+    the clean pass generated the needle's
     answer first and how far replacing the needle moved the first step (a lower bound, as
     in the gates); None for any other suite or when none of its runs finished."""
     if suite.get("gates") or suite.get("noise"):
@@ -573,13 +574,15 @@ def needle_calibration(suite: dict[str, Any], runs: dict[str, Any]) -> dict[str,
     doc: dict[str, Any] = {}
     for run in suite.get("runs", []):
         rec = runs.get(run["name"])
-        if rec is None or not verdict.finished_passes(rec).get("sensitivity"):
+        if rec is None or verdict.answer_id(rec) is None:
+            continue  # not run, or a checkpoint without a needle's answer
+        if not verdict.finished_passes(rec).get("sensitivity"):
             continue
         sens = verdict.sensitivity(rec)
         found = verdict.needle_retrieval(rec) or {}
         per_prompt = {}
         for key, moved in sorted(sens.get("per_prompt", {}).items()):
-            clean_key = key.split("~")[0]
+            clean_key = key.partition("~p")[0]
             clean = (found.get("clean") or {}).get(clean_key, {})
             per_prompt[clean_key] = {
                 "needle_retrieved": clean.get("needle_retrieved"),

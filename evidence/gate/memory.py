@@ -46,10 +46,12 @@ is made, per rank and step class, from the probe's attribution:
         <= the same in the profiling forward + LAYER_SLACK_BYTES          ("attention_within")
 
 where the layer's segments are those of a module whose class names ``Attention`` or
-``Indexer`` (peak - allocated at the segment's entry) and LAYER_SLACK_BYTES covers the
+``Indexer`` (peak - allocated at the segment's entry), each class held to its own profile
+segment, and LAYER_SLACK_BYTES covers the
 per-step metadata a profiling batch does not carry (measured at most 2 MiB over its profile at
-top-k 512). It is None (never a pass) for a record without attribution, or when no such
-segment is among a class's recorded sites.
+top-k 512). It is None (never a pass) for a record without attribution, or when no class of
+the layer is among both the step's and the profile's recorded sites (the probe keeps each
+one's three highest).
 
 Negative controls (runs whose environment sets ``GATE_DROP_DCP_RESERVATION``) are judged
 against their twin, the run of the same configuration without it, by each rule: ``alloc``
@@ -131,28 +133,30 @@ def transient(profile: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def layer_transient(sites: list[dict[str, Any]] | None) -> int | None:
-    """The largest transient of a DSA layer's segments among ``sites`` (``peak_at``'s sites
-    of one class); None when none is recorded."""
-    got = [
-        s["transient_bytes"]
-        for s in sites or []
-        if any(c in (s.get("class") or "") for c in LAYER_CLASSES)
-    ]
-    return max(got) if got else None
+def layer_transients(sites: list[dict[str, Any]] | None) -> dict[str, int]:
+    """Per module class of a DSA layer (an attention or indexer class), the largest
+    transient among ``sites`` (``peak_at``'s sites of one step class or the profile)."""
+    out: dict[str, int] = {}
+    for s in sites or []:
+        cls = s.get("class") or ""
+        if any(c in cls for c in LAYER_CLASSES):
+            out[cls] = max(out.get(cls, s["transient_bytes"]), s["transient_bytes"])
+    return out
 
 
 def attention(at: dict[str, Any] | None, kind: str) -> dict[str, Any]:
-    """One step class by the attention rule (the module docstring): the layer's transient in
-    the step and in the profile and ``attention_within``, None where either is unrecorded."""
-    step = layer_transient((at or {}).get(kind))
-    profile = layer_transient((at or {}).get("profile"))
-    if step is None or profile is None:
+    """One step class by the attention rule (the module docstring), each DSA module class
+    recorded in both the step and the profile against itself: the largest of those in the
+    step and in the profile and ``attention_within``; all None when no class is in both."""
+    step = layer_transients((at or {}).get(kind))
+    profile = layer_transients((at or {}).get("profile"))
+    both = sorted(step.keys() & profile.keys())
+    if not both:
         return {"layer_step_bytes": None, "layer_profile_bytes": None, "attention_within": None}
     return {
-        "layer_step_bytes": step,
-        "layer_profile_bytes": profile,
-        "attention_within": step <= profile + LAYER_SLACK_BYTES,
+        "layer_step_bytes": max(step[c] for c in both),
+        "layer_profile_bytes": max(profile[c] for c in both),
+        "attention_within": all(step[c] <= profile[c] + LAYER_SLACK_BYTES for c in both),
     }
 
 
@@ -537,8 +541,9 @@ def validate(doc: dict[str, Any]) -> list[str]:
             out.append(f"run {name}: not judged by the attention rule, and no reason given")
         for r in v.get("ranks") or []:
             where = f"run {name} rank {r.get('rank')}"
-            if not _verdict(r.get("transient_within"), True):
-                out.append(f"{where}: transient_within is {r.get('transient_within')!r}")
+            for key in ("transient_within", "attention_within"):
+                if not _verdict(r.get(key), True):
+                    out.append(f"{where}: {key} is {r.get(key)!r}")
             for kind in STEP_CLASSES:
                 got = r.get(kind)
                 if got is None:
@@ -551,8 +556,9 @@ def validate(doc: dict[str, Any]) -> list[str]:
     for name, c in (doc.get("controls") or {}).items():
         if name not in (doc.get("runs") or {}):
             out.append(f"control {name} is not among the runs")
-        if not _verdict(c.get("caught_by_transient_rule"), True):
-            out.append(f"control {name}: caught_by_transient_rule is not a verdict")
+        for key in ("caught_by_transient_rule", "caught_by_attention_rule"):
+            if not _verdict(c.get(key), True):
+                out.append(f"control {name}: {key} is not a verdict")
     return out
 
 

@@ -19,7 +19,9 @@ figures are each rank's own, valid under one-GPU emulation):
   step's own transient is ``peak_bytes - peak_step_start_bytes``); a step that raised is
   ``failed_step`` (its peak up to the error and its ``start_bytes``); ``prefill`` also keeps
   ``step_seconds``, each prefill step's wall time from the synchronize before it to the one
-  after it, in order (sampling excluded; with ranks sharing one GPU, one-GPU emulation times);
+  after it, in order (sampling excluded; with ranks sharing one GPU, one-GPU emulation times;
+  under speculative decoding a verification step schedules several tokens and so counts as
+  a prefill step here too);
 * ``engine``: after start-up, vLLM's own KV figures (blocks, block size, the token capacity
   and concurrency it logs) and the DCP reservation 0016 recorded on the attention layers;
 * ``attribution``: where in the profiling forward (``profile``) and in the step that set each

@@ -719,3 +719,22 @@ def test_the_alloc_control_is_caught_by_the_attention_rule_against_a_twin_within
     assert got["controls"]["m-dcp2-noalloc"]["caught_by_attention_rule"] is False
     got = memory.memory_result({"m-dcp2": run("m-dcp2"), "m-dcp2-noalloc": ctl})
     assert got["controls"]["m-dcp2-noalloc"]["caught_by_attention_rule"] is None
+
+
+def test_the_attention_rule_compares_each_layer_class_with_itself():
+    """An attention segment in the step is not held to an indexer segment of the profile:
+    with no class in both the rank is not judged; with both classes in both, each is held
+    to its own (a step whose indexer grew fails though its attention stayed)."""
+    r = with_layer(run("m-dcp2"), GIB, GIB)
+    for m in r["memory"]:
+        m["attribution"]["profile"][1]["class"] = "Indexer"
+    v = memory.memory_result({"m-dcp2": r})["runs"]["m-dcp2"]
+    assert v["attention_within"] is None
+    r = with_layer(run("m-dcp2"), GIB, GIB)
+    idx = {"module": "model.layers.*.self_attn.indexer", "class": "Indexer", "entry_bytes": 0}
+    for m in r["memory"]:
+        m["attribution"]["profile"].append(idx | {"peak_bytes": GIB // 2})
+        m["attribution"]["prefill"].append(idx | {"peak_bytes": GIB})
+    v = memory.memory_result({"m-dcp2": r})["runs"]["m-dcp2"]
+    assert v["attention_within"] is False
+    assert v["ranks"][0]["prefill"]["layer_step_bytes"] == GIB

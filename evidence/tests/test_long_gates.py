@@ -396,6 +396,8 @@ def test_a_calibration_suite_reports_retrieval_and_move_per_prompt(tmp_path):
         pytest.approx(0.3)
     )
     assert dcp_gate.needle_calibration({**suite, "gates": {"g": ["ref", "cand"]}}, {}) is None
+    plain = {**ref, "checkpoint": {}}  # a checkpoint without a needle's answer
+    assert dcp_gate.needle_calibration(suite, {"ref": plain}) is None
 
 
 def test_needle_retrieval_reads_the_first_token_of_each_single_prompt():
