@@ -566,9 +566,10 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
 def needle_calibration(suite: dict[str, Any], runs: dict[str, Any]) -> dict[str, Any] | None:
     """A calibration suite's verdict (one without gates or noise pairs whose runs have a
     sensitivity pass, on a checkpoint with a needle's answer): per run and prompt, whether
-    the clean pass generated the needle's
-    answer first and how far replacing the needle moved the first step (a lower bound, as
-    in the gates); None for any other suite or when none of its runs finished."""
+    the clean pass generated the needle's answer first, whether the sensitivity pass (the
+    needle replaced) did not, and how far replacing the needle moved the first step (a lower
+    bound, as in the gates); None for any other suite or when none of its runs finished.
+    The needle decides the answer only where both hold."""
     if suite.get("gates") or suite.get("noise"):
         return None
     doc: dict[str, Any] = {}
@@ -584,9 +585,12 @@ def needle_calibration(suite: dict[str, Any], runs: dict[str, Any]) -> dict[str,
         for key, moved in sorted(sens.get("per_prompt", {}).items()):
             clean_key = key.partition("~p")[0]
             clean = (found.get("clean") or {}).get(clean_key, {})
+            without = (found.get("sensitivity") or {}).get(key, {})
             per_prompt[clean_key] = {
                 "needle_retrieved": clean.get("needle_retrieved"),
                 "first_token": clean.get("first_token"),
+                "first_token_without_needle": without.get("first_token"),
+                "answer_absent_without_needle": without.get("answer_absent"),
                 "first_step_move_lower_bound": moved["first_step_move_lower_bound"],
             }
         doc[run["name"]] = {
@@ -602,7 +606,8 @@ def needle_calibration(suite: dict[str, Any], runs: dict[str, Any]) -> dict[str,
         "schema_version": verdict.SCHEMA_VERSION,
         "kind": "dcp_gate_needle_calibration",
         "measure": "per run and single prompt: the clean pass's first token against the "
-        "checkpoint's answer, and the sensitivity pass's first-step move (verdict.sensitivity)",
+        "checkpoint's answer, the sensitivity pass's (the needle replaced) likewise, and its "
+        "first-step move (verdict.sensitivity)",
         "base": first.get("base"),
         "machine": first.get("machine"),
         "runs": doc,

@@ -287,6 +287,10 @@ NEEDLE_DEFAULTS = {
     # (0: the MTP layer stays random, its drafts are rejected)
     "mtp_answer_logit": 0.0,
 }
+ORTHO_EMBED = "ortho_embed"
+"""A needle knob outside the defaults (so that the records of checkpoints made without it
+keep their bytes): 1 removes every ordinary token embedding's component along the needle's
+direction (add_needle), 0 (the same as leaving it out) keeps it."""
 
 
 def _rms(x: Any) -> Any:
@@ -361,6 +365,10 @@ def add_needle(
     (2) the needle's MLA latent point along a direction ``e`` (``kv_a_proj += kappa e n^T``) and
         every head's no-rope query gain a logit of ``attn_margin`` on the needle's key
         (``q_b_proj += K_h u^T``): attention puts a large weight on the needle.
+    With ``ortho_embed`` = 1 no other token's embedding has a component along ``n``, so no
+    ordinary token gains from (1) or (2): without it the most needle-like tokens of a long
+    prompt do, and the answer (add_answer) wins without the needle (glmns1m on the GPU: from
+    256k tokens on).
     Layer 0 is exact up to rope and fp8; deeper layers see the same directions diluted by the
     residual stream. ``--check`` measures layer 0. ``extra_layers`` (e.g. the MTP layer's
     ``model.layers.<n>``) get the same terms from a generator of their own."""
@@ -376,6 +384,10 @@ def add_needle(
     n_hat = nv / nv.norm()
     emb = t["model.embed_tokens.weight"]  # shared with the MTP layer's copy
     emb += alpha * c_hat * h**0.5
+    if knobs.get("ortho_embed"):
+        # no ordinary token keeps a component along the needle's direction: else the most
+        # needle-like of a long prompt's tokens win the indexer and attention in its place
+        emb -= torch.outer(emb @ n_hat, n_hat)
     emb[needle_id] = alpha * c_hat * h**0.5 + gamma * n_hat * h**0.5
     # the typical normalised input of a layer-0 query: its mean over random tokens
     sample = _rms(emb[torch.randint(2, emb.shape[0], (256,), generator=gen)])
@@ -624,7 +636,7 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help=f"override a needle knob ({', '.join(NEEDLE_DEFAULTS)})",
+        help=f"override a needle knob ({', '.join((*NEEDLE_DEFAULTS, ORTHO_EMBED))})",
     )
     ap.add_argument("--check", action="store_true", help="measure layer 0 in fp32 torch")
     return ap
@@ -642,8 +654,11 @@ def make_tensors(
         knobs = dict(NEEDLE_DEFAULTS)
         for kv in args.needle_knob:
             k, _, val = kv.partition("=")
-            if k not in knobs:
-                raise SystemExit(f"unknown needle knob {k!r}; valid: {', '.join(knobs)}")
+            if k not in knobs and k != ORTHO_EMBED:
+                valid = ", ".join((*knobs, ORTHO_EMBED))
+                raise SystemExit(f"unknown needle knob {k!r}; valid: {valid}")
+            if k == ORTHO_EMBED and val not in ("0", "1"):
+                raise SystemExit(f"needle knob {ORTHO_EMBED} is 0 or 1, not {val!r}")
             knobs[k] = float(val)
         # an MTP layer that drafts the answer retrieves the needle like the target's layers
         mtp = (f"model.layers.{cfg['num_hidden_layers']}",) if knobs["mtp_answer_logit"] > 0 else ()

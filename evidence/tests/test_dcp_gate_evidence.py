@@ -101,6 +101,7 @@ def test_calibration_suite_and_the_all_queue_resolve() -> None:
     assert set(plans.SUITES) - set(every) <= {
         "needle-calibrate",
         "needle-v32n1m-length",
+        "needle-glmns1m-length",
         "smoke",
         "patched-variants",
         # the vLLM 0.34.0 suites (base034-*) run by name, not in the 0.33.0 `all`

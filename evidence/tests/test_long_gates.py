@@ -372,29 +372,44 @@ def test_a_calibration_suite_reports_retrieval_and_move_per_prompt(tmp_path):
         {"clean": {"single/8": _prompt(first=9)}, "sensitivity": {"single/8~p5": _prompt(9, -0.3)}},
         dcp=1,
     )
+    kept = _run(
+        "kept",
+        {"clean": {"single/8": _prompt()}, "sensitivity": {"single/8~p5": _prompt(ANSWER, -0.3)}},
+        dcp=1,
+    )
     (tmp_path / "runs").mkdir()
-    for r in (ref, cand, lost):
+    for r in (ref, cand, lost, kept):
         (tmp_path / "runs" / f"{r['name']}.json").write_text(json.dumps(r))
     suite = {
         "name": "needle-x",
-        "runs": [{"name": n, "model": "@m"} for n in ("ref", "cand", "lost")],
+        "runs": [{"name": n, "model": "@m"} for n in ("ref", "cand", "lost", "kept")],
         "noise": {},
         "gates": {},
     }
     dcp_gate.report(suite, tmp_path, tmp_path / "out")
     got = json.loads((tmp_path / "out" / "dcp-needle-x.json").read_text())
-    assert got["kind"] == "dcp_gate_needle_calibration" and set(got["runs"]) == {"ref", "lost"}
+    assert got["kind"] == "dcp_gate_needle_calibration"
+    assert set(got["runs"]) == {"ref", "lost", "kept"}
     assert got["runs"]["ref"]["per_prompt"] == {
         "single/8": {
             "needle_retrieved": True,
             "first_token": ANSWER,
+            "first_token_without_needle": 9,
+            "answer_absent_without_needle": True,
             "first_step_move_lower_bound": pytest.approx(2.4),
         }
     }
-    assert got["runs"]["lost"]["per_prompt"]["single/8"]["needle_retrieved"] is False
-    assert got["runs"]["lost"]["per_prompt"]["single/8"]["first_step_move_lower_bound"] == (
-        pytest.approx(0.3)
-    )
+    lost = got["runs"]["lost"]["per_prompt"]["single/8"]
+    assert lost["needle_retrieved"] is False
+    assert lost["first_step_move_lower_bound"] == pytest.approx(0.3)
+    # the answer without the needle too: retrieved, but the needle did not decide it
+    assert got["runs"]["kept"]["per_prompt"]["single/8"] == {
+        "needle_retrieved": True,
+        "first_token": ANSWER,
+        "first_token_without_needle": ANSWER,
+        "answer_absent_without_needle": False,
+        "first_step_move_lower_bound": pytest.approx(0.3),
+    }
     assert dcp_gate.needle_calibration({**suite, "gates": {"g": ["ref", "cand"]}}, {}) is None
     plain = {**ref, "checkpoint": {}}  # a checkpoint without a needle's answer
     assert dcp_gate.needle_calibration(suite, {"ref": plain}) is None
