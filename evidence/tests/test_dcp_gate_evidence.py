@@ -108,7 +108,15 @@ def test_calibration_suite_and_the_all_queue_resolve() -> None:
         *_base034_suites(),
     } | set(
         n
-        for q in ("long-prompts", "long", "issue43", "issue43-next", "issue43-lease3", "issue43-1m")
+        for q in (
+            "long-prompts",
+            "long",
+            "issue43",
+            "issue43-next",
+            "issue43-lease3",
+            "issue43-1m",
+            "issue43-ortho",
+        )
         for n in plans.QUEUES[q]
     )
     assert "answer_logit=7" in plans.NEEDLE_ARGS

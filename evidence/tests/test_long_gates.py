@@ -632,6 +632,7 @@ LONG = (
     "long-512k-dcp4",
     "long-256k-dcp4",
     "long-v32n-128k-dcp4",
+    "long-1m-ortho-dcp4",
 )
 
 
@@ -649,18 +650,20 @@ def test_the_long_checkpoints_are_needle_checkpoints_with_a_1m_position_table():
     from gate import plans
 
     raised = {"attn_margin=9": "attn_margin=13", "answer_logit=7": "answer_logit=10"}
-    for name, base, knobs in (
-        ("glmn1m", "glmn", {}),
-        ("glmns1m", "glmn", raised),
-        ("v32n1m", "v32n", raised),
+    ortho = ["--needle-knob", "ortho_embed=1"]
+    for name, base, knobs, extra in (
+        ("glmn1m", "glmn", {}, []),
+        ("glmns1m", "glmn", raised, []),
+        ("glmno1m", "glmn", raised, ortho),
+        ("v32n1m", "v32n", raised, []),
     ):
         argv = plans.LONG_CKPTS[name]
         want = [knobs.get(a, a) for a in plans.NEEDLE_CKPTS[base]]
-        assert argv == [*want, "--max-position-embeddings", "1114112"]
+        assert argv == [*want, "--max-position-embeddings", "1114112", *extra]
         cfg = ck.make_config(*[argv[argv.index("--arch") + 1]], max_position_embeddings=1114112)
         assert cfg["max_position_embeddings"] >= 1_048_576 + 64
     every = {n: s["checkpoints"] for n, s in plans.SUITES.items() if n in LONG}
-    assert {k for c in every.values() for k in c} == {"glmn1m", "glmns1m", "v32n1m"}
+    assert {k for c in every.values() for k in c} == {"glmn1m", "glmns1m", "glmno1m", "v32n1m"}
     assert all(c[k] == plans.LONG_CKPTS[k] for c in every.values() for k in c)
 
 
@@ -728,7 +731,7 @@ def test_each_long_suite_decides_its_gates_alone():
 def test_the_long_queue_runs_the_cheap_references_first_and_the_1m_gate_second():
     """The queue: the 128k suite (the checkpoint's noise floor and sensitivity, and the first
     DCP = 4 gate), then the 1M prompt (its own checkpoint's 128k noise runs first), then 512k,
-    256k, then V3.2 at 128k; one warm-up run (the TP 1
+    256k, then V3.2 at 128k, then the 1M gate again on glmno1m; one warm-up run (the TP 1
     128k reference); the 1M candidate on the packed-CKV route; the prefix-cache gate compares
     the cached repeat; FlashMLA-sparse at TP 4 (16 local heads)."""
     import dcp_gate
@@ -744,7 +747,8 @@ def test_the_long_queue_runs_the_cheap_references_first_and_the_1m_gate_second()
         "p-glmn1m-tp4-dcp4-128k",
     ]
     assert order[5:7] == ["p-glmns1m-tp1-dcp1-1m", "p-glmns1m-tp4-dcp4-1m-ckv"]
-    assert order[-3:] == [f"p-v32n1m-tp{t}-dcp{d}-128k" for t, d in ((1, 1), (4, 1), (4, 4))]
+    assert order[-7:-4] == [f"p-v32n1m-tp{t}-dcp{d}-128k" for t, d in ((1, 1), (4, 1), (4, 4))]
+    assert order[-2:] == ["p-glmno1m-tp1-dcp1-1m", "p-glmno1m-tp4-dcp4-1m-ckv"]
     runs = {r["name"]: r for r in q["runs"]}
     assert runs["p-glmns1m-tp4-dcp4-1m-ckv"]["engine_extra"] == {"dcp_prefill_route": "packed_ckv"}
     pc = q["gates"]["p-glmn1m-tp4-dcp4-256k-prefixcache-0.34.0"]
@@ -801,6 +805,7 @@ def test_the_status_table_names_what_a_long_gate_compares():
             "DCP vs DCP = 1 (128k prompt)"
         ),
         "p-glmns1m-tp4-dcp4-1m-ckv-0.34.0": "packed-CKV prefill route vs DCP = 1 (1M prompt)",
+        "p-glmno1m-tp4-dcp4-1m-ckv-0.34.0": "packed-CKV prefill route vs DCP = 1 (1M prompt)",
         "p-glmn1m-tp4-dcp4-512k-ckv-0.34.0": "packed-CKV prefill route vs DCP = 1 (512k prompt)",
         "p-glmn1m-tp4-dcp4-256k-ckv-0.34.0": "packed-CKV prefill route vs DCP = 1 (256k prompt)",
         "p-glmn1m-tp4-dcp4-256k-triton_mla_sparse_fp8_ds_mla-0.34.0": (
