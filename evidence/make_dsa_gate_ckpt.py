@@ -290,7 +290,7 @@ NEEDLE_DEFAULTS = {
 ORTHO_EMBED = "ortho_embed"
 """A needle knob outside the defaults (so that the records of checkpoints made without it
 keep their bytes): 1 removes every ordinary token embedding's component along the needle's
-direction (add_needle), 0 (the same as leaving it out) keeps it."""
+direction (add_needle), 0 keeps it (the tensors of leaving it out; the record names it)."""
 
 
 def _rms(x: Any) -> Any:
@@ -642,24 +642,31 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def needle_knobs(overrides: list[str]) -> dict[str, float]:
+    """NEEDLE_DEFAULTS with ``NAME=VALUE`` overrides; an unknown name, or an ``ortho_embed``
+    other than 0 or 1, is an error naming the valid ones."""
+    knobs = dict(NEEDLE_DEFAULTS)
+    for kv in overrides:
+        k, _, val = kv.partition("=")
+        if k not in knobs and k != ORTHO_EMBED:
+            valid = ", ".join((*knobs, ORTHO_EMBED))
+            raise SystemExit(f"unknown needle knob {k!r}; valid: {valid}")
+        if k == ORTHO_EMBED and val not in ("0", "1"):
+            raise SystemExit(f"needle knob {ORTHO_EMBED} is 0 or 1, not {val!r}")
+        knobs[k] = float(val)
+    return knobs
+
+
 def make_tensors(
     args: argparse.Namespace,
 ) -> tuple[dict[str, Any], dict[str, float], dict[str, Any], dict[str, Any] | None]:
     """(config, gains, fp32 tensors, needle record or None) of parsed writer arguments."""
     cfg = make_config(args.arch, args.layers, args.heads, args.max_position_embeddings)
     gains = {"qk": args.qk_gain, "o": args.o_gain, "down": args.down_gain, "head": args.head_gain}
+    knobs = needle_knobs(args.needle_knob)
     tensors = build(cfg, args.seed, gains, args.shared_indexer_weights)
     needle = None
     if args.needle is not None:
-        knobs = dict(NEEDLE_DEFAULTS)
-        for kv in args.needle_knob:
-            k, _, val = kv.partition("=")
-            if k not in knobs and k != ORTHO_EMBED:
-                valid = ", ".join((*knobs, ORTHO_EMBED))
-                raise SystemExit(f"unknown needle knob {k!r}; valid: {valid}")
-            if k == ORTHO_EMBED and val not in ("0", "1"):
-                raise SystemExit(f"needle knob {ORTHO_EMBED} is 0 or 1, not {val!r}")
-            knobs[k] = float(val)
         # an MTP layer that drafts the answer retrieves the needle like the target's layers
         mtp = (f"model.layers.{cfg['num_hidden_layers']}",) if knobs["mtp_answer_logit"] > 0 else ()
         needle = add_needle(tensors, cfg, args.seed, args.needle, knobs, extra_layers=mtp)

@@ -667,6 +667,18 @@ def test_the_long_checkpoints_are_needle_checkpoints_with_a_1m_position_table():
     assert all(c[k] == plans.LONG_CKPTS[k] for c in every.values() for k in c)
 
 
+def test_the_needle_knobs_are_strict():
+    """ortho_embed is 0 or 1 and stays out of the defaults (the records of checkpoints made
+    without it keep their bytes); an unknown knob is an error naming every valid one."""
+    assert ck.ORTHO_EMBED not in ck.needle_knobs(["attn_margin=13"])
+    assert ck.needle_knobs(["ortho_embed=1"])[ck.ORTHO_EMBED] == 1.0
+    for bad in ("2", "1.0", "true", ""):
+        with pytest.raises(SystemExit, match="ortho_embed is 0 or 1"):
+            ck.needle_knobs([f"ortho_embed={bad}"])
+    with pytest.raises(SystemExit, match=r"unknown needle knob 'ortho'; valid: .*ortho_embed"):
+        ck.needle_knobs(["ortho=1"])
+
+
 def test_every_run_fits_its_checkpoints_position_table():
     """vLLM refuses a max_model_len above max_position_embeddings: no run of any suite asks
     for one (every run's checkpoint config computed from its arguments)."""
