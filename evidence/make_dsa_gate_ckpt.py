@@ -384,7 +384,7 @@ def add_needle(
     n_hat = nv / nv.norm()
     emb = t["model.embed_tokens.weight"]  # shared with the MTP layer's copy
     emb += alpha * c_hat * h**0.5
-    if knobs.get("ortho_embed"):
+    if knobs.get(ORTHO_EMBED):
         # no ordinary token keeps a component along the needle's direction: else the most
         # needle-like of a long prompt's tokens win the indexer and attention in its place
         emb -= torch.outer(emb @ n_hat, n_hat)

@@ -205,15 +205,30 @@ def rank_verdict(mem: dict[str, Any]) -> dict[str, Any]:
         }
         judged.append(peak <= budget)
     out["within"] = all(judged) if judged else None
-    by_transient = [out[k]["transient_within"] for k in STEP_CLASSES if k in out]
-    out["transient_within"] = (
-        all(by_transient) if by_transient and None not in by_transient else None
-    )
-    by_layer = [out[k]["attention_within"] for k in STEP_CLASSES if k in out]
-    out["attention_within"] = all(by_layer) if by_layer and None not in by_layer else None
+    for key in ("transient_within", "attention_within"):
+        out[key] = _all_judged([out[k][key] for k in STEP_CLASSES if k in out])
     if not judged:
         out["why"] = "no model step after start-up"
     return out
+
+
+def _all_judged(verdicts: list[bool | None]) -> bool | None:
+    """All of ``verdicts`` hold; None when there is none or one was not judged."""
+    return all(verdicts) if verdicts and None not in verdicts else None
+
+
+def _by_rule(
+    ranks: list[dict[str, Any]], key: str, why: str | None, unjudged: str
+) -> tuple[bool | None, str | None]:
+    """A run by one rule from its ranks' ``key``: (the verdict, why it was not judged), not
+    judged where the run is not (``why``) or some rank is not (``unjudged``)."""
+    why_not = why or (unjudged if any(r[key] is None for r in ranks) else None)
+    return (None if why_not else all(r[key] for r in ranks)), why_not
+
+
+def _every(items: list[dict[str, Any]], key: str) -> bool:
+    """There are ``items`` and each one's ``key`` is True."""
+    return bool(items) and all(i[key] is True for i in items)
 
 
 def drop_of(run: dict[str, Any]) -> str:
@@ -258,14 +273,8 @@ def run_verdict(run: dict[str, Any]) -> dict[str, Any]:
     elif any(r["within"] is None for r in ranks):
         why = "a rank has nothing to judge"
     within = None if why else all(r["within"] for r in ranks)
-    why_transient = why or (
-        UNRECORDED if any(r["transient_within"] is None for r in ranks) else None
-    )
-    transient_within = None if why_transient else all(r["transient_within"] for r in ranks)
-    why_layer = why or (
-        NO_ATTRIBUTION if any(r["attention_within"] is None for r in ranks) else None
-    )
-    attention_within = None if why_layer else all(r["attention_within"] for r in ranks)
+    transient_within, why_transient = _by_rule(ranks, "transient_within", why, UNRECORDED)
+    attention_within, why_layer = _by_rule(ranks, "attention_within", why, NO_ATTRIBUTION)
     over = [
         r[k]["peak_bytes"] - r["budget_bytes"]
         for r in ranks
@@ -454,6 +463,7 @@ def memory_result(runs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     judged = [v for v in verdicts.values() if v["control"] is None and not v["capacity_refused"]]
     series = [v for v in judged if (v["dcp"] or 1) > 1]
     baseline = [v for v in judged if (v["dcp"] or 1) == 1]
+    caught = list(controls.values())
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": KIND,
@@ -463,23 +473,17 @@ def memory_result(runs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
         "all_within_covers": "the DCP > 1 runs that are not controls (DCP = 1: baseline_within)",
         "runs": verdicts,
         "controls": controls,
-        "all_within": bool(series) and all(v["within"] is True for v in series),
-        "baseline_within": (all(v["within"] is True for v in baseline) if baseline else None),
-        "all_transient_within": bool(series) and all(v["transient_within"] is True for v in series),
-        "baseline_transient_within": (
-            all(v["transient_within"] is True for v in baseline) if baseline else None
-        ),
-        "controls_caught": bool(controls) and all(c["caught"] is True for c in controls.values()),
-        "controls_caught_by_transient_rule": bool(controls)
-        and all(c["caught_by_transient_rule"] is True for c in controls.values()),
+        "all_within": _every(series, "within"),
+        "baseline_within": _every(baseline, "within") if baseline else None,
+        "all_transient_within": _every(series, "transient_within"),
+        "baseline_transient_within": _every(baseline, "transient_within") if baseline else None,
+        "controls_caught": _every(caught, "caught"),
+        "controls_caught_by_transient_rule": _every(caught, "caught_by_transient_rule"),
         "attention_rule": "every rank's largest DSA-layer segment transient in its largest "
         f"prefill and decode step <= that in the profiling forward + {LAYER_SLACK_BYTES} bytes",
-        "all_attention_within": bool(series) and all(v["attention_within"] is True for v in series),
-        "baseline_attention_within": (
-            all(v["attention_within"] is True for v in baseline) if baseline else None
-        ),
-        "controls_caught_by_attention_rule": bool(controls)
-        and all(c["caught_by_attention_rule"] is True for c in controls.values()),
+        "all_attention_within": _every(series, "attention_within"),
+        "baseline_attention_within": _every(baseline, "attention_within") if baseline else None,
+        "controls_caught_by_attention_rule": _every(caught, "caught_by_attention_rule"),
         "capacity": capacity_rows(list(probed.values())),
     }
 
