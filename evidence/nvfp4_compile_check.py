@@ -27,8 +27,8 @@ import re
 import sys
 from pathlib import Path
 
-SCRIPTS = Path(os.environ.get("DCP_SCRIPTS", "/work/main/scripts"))
-sys.path.insert(0, str(SCRIPTS))
+# The offline-compile helpers live beside the CPU proofs that use them.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "proofs"))
 
 from sm90_compile import CAPABILITIES, compile_cuda, cuobjdump, load_leaf, resources  # noqa: E402
 from sparse_mla_sm90_compile_stats import PLAN_HEADS, PLAN_ROWS, STAND_INS  # noqa: E402
