@@ -417,7 +417,8 @@ def load_runs(work: Path) -> dict[str, dict[str, Any]]:
 
 
 def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
-    """Noise floor, tolerance and sensitivity per checkpoint, then every gate of the suite.
+    """Noise floor, tolerance and sensitivity per checkpoint, then every gate of the suite,
+    then every distance (measured and stated, never gated: ``dcp-distance-<name>.json``).
 
     Pure Python over the run records: ``report`` re-derives every verdict from
     ``<work>/runs`` on any machine (the figures stay those the runs recorded)."""
@@ -523,6 +524,39 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
             f"GATE {gate}: equivalent={result['equivalent']} max={result['max_abs_logprob_diff']} "
             f"atol={tol['atol_logprob']:.4g} negative_control_detected="
             f"{result['negative_control_detected']} meaningful={result['meaningful']}",
+            flush=True,
+        )
+    for name, spec in suite.get("distances", {}).items():
+        ref, cand = runs.get(spec["ref"]), runs.get(spec["cand"])
+        if ref is None or cand is None:
+            missing = spec["ref"] if ref is None else spec["cand"]
+            print(f"distance {name}: run {missing} missing", flush=True)
+            continue
+        tol = tolerances.get(spec["noise"])
+        if tol is None:
+            print(f"distance {name}: no tolerance for noise group {spec['noise']}", flush=True)
+            continue
+        # the scale's sensitivity: the candidate's own when it ran that pass
+        sens = _best_sensitivity(
+            runs, _ckpt_of(suite, spec["cand"]), tol["atol_logprob"], spec["cand"]
+        )
+        noise = {
+            "max_abs_logprob_diff": tol["noise_floor"],
+            "group": spec["noise"],
+            "pairs": noise_by_ckpt[spec["noise"]],
+        }
+        result = verdict.distance_result(name, ref, cand, tol, noise, sens)
+        result["command"] = shlex.join([sys.executable, *sys.argv])
+        result["revision"] = dict(cand.get("revision") or {}, report=revision()["series"])
+        result["machine"] = cand.get("machine")
+        path = out / f"dcp-distance-{name}.json"
+        written.append(_write_result(path, result, verdict.validate_distance, f"distance {name}"))
+        scale = result["scale"]
+        print(
+            f"DISTANCE {name}: max={result['max_abs_logprob_diff']} first_step="
+            f"{result['max_first_step_abs_logprob_diff']} x noise floor="
+            f"{scale['ratio_to_noise_floor']} x tolerance={scale['ratio_to_tolerance']} "
+            "(measured, not gated)",
             flush=True,
         )
     names = {r["name"] for r in suite.get("runs", [])}

@@ -1019,16 +1019,23 @@ _BACKEND_TOKENS = ("triton_mla_sparse_fp8_ds_mla", "flashmla_sparse", "flash_att
 
 
 _PROMPT_LENGTH = re.compile(r"\d+[km]")  # a long gate's prompt: 32k, 128k, 256k, 1m
+_KV_FORMATS = ("nvfp4_ds_mla",)  # a cache other than the backend's own fp8_ds_mla
 
 
 def _gate_subject(rest: str) -> str:
-    """What a gate compares, from the part of its name after ``-tpN-dcpM``; a prompt length
-    in the name (``-32k``, ``-128k``, ``-256k``, ``-1m``) follows the subject in brackets."""
+    """What a gate compares, from the part of its name after ``-tpN-dcpM``; a KV-cache format
+    (``-nvfp4_ds_mla``) and a prompt length (``-32k``, ``-128k``, ``-256k``, ``-1m``) in the
+    name follow the subject in brackets."""
     rest = re.sub(r"-?\d+\.\d+\.\d+$", "", rest)  # a base suffix (``-0.34.0``) is its own column
     words = [w for w in rest.split("-") if w not in ("graphs", "eager", "bf16", *_BACKEND_TOKENS)]
     lengths = [w for w in words if _PROMPT_LENGTH.fullmatch(w)]
-    subject = _subject_of("-".join(w for w in words if w not in lengths))
-    return subject + "".join(f" ({w.upper() if w.endswith('m') else w} prompt)" for w in lengths)
+    formats = [w for w in words if w in _KV_FORMATS]
+    subject = _subject_of("-".join(w for w in words if w not in (*lengths, *formats)))
+    return (
+        subject
+        + "".join(f" ({w} cache)" for w in formats)
+        + "".join(f" ({w.upper() if w.endswith('m') else w} prompt)" for w in lengths)
+    )
 
 
 def _subject_of(key: str) -> str:

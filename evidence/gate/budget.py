@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""What a long-prompt gate run needs before it runs, from its checkpoint's geometry (pure
-Python: no vLLM, no torch): the KV-cache bytes each rank must reserve, and an estimate of its
-time on one H100 with every rank of the run sharing it (one-GPU emulation).
+"""What a gate run needs before it runs, from its checkpoint's geometry (pure Python: no
+vLLM, no torch): the KV-cache bytes each rank must reserve, and an estimate of its time on one
+H100 with every rank of the run sharing it (one-GPU emulation).
 
 **KV cache** (vLLM 0.34.0's layouts, as docs/memory.md counts them): per token and layer one
-MLA record (``fp8_ds_mla``: 656 bytes; ``auto``: 576 bf16 values, 1152 bytes) plus, on every
-layer that builds an indexer (``indexer_types`` "full", which 0.34 honours; every layer without
-the pattern), the indexer's key: 128 fp8 values and one fp32 scale, 132 bytes. Both caches are
-DCP-sharded, so a rank holds ceil(max_model_len / DCP) tokens, in blocks of BLOCK_SIZE. vLLM
-refuses to start unless the pool holds one request of max_model_len; the plan adds KV_SLACK and
-rounds up to MiB.
+MLA record (``fp8_ds_mla``: 656 bytes; ``nvfp4_ds_mla``: 352; ``auto``: 576 bf16 values, 1152
+bytes) plus, on every layer that builds an indexer (``indexer_types`` "full", which 0.34
+honours; every layer without the pattern), the indexer's key: 128 fp8 values and one fp32
+scale, 132 bytes, whatever the MLA record. Both caches are DCP-sharded, so a rank holds
+ceil(max_model_len / DCP) tokens, in blocks of BLOCK_SIZE. vLLM refuses to start unless the
+pool holds one request of max_model_len; the plan adds KV_SLACK and rounds up to MiB.
 
 **Time** (an estimate, not a measurement; H100 below): a run is its engine start, then per pass
 and prompt one chunked prefill and ``max_tokens`` decode steps. A prefill chunk of ``r`` rows at
@@ -26,7 +26,12 @@ context ``c`` costs, summed over all ranks of the run (they share one GPU and th
   (dcp_wire_model.select_prefill_route of patch 0007, re-implemented here);
 * a fixed cost per multi-rank step.
 
-With the prefix cache on, a repeat prefill computes only the part past the cached blocks.
+With the prefix cache on, a repeat prefill computes only the part past the cached blocks. A
+batch (requests sent together) costs each request's prefill work, one step cost per step the
+requests share (``max_num_batched_tokens`` rows each) and one decode of ``max_tokens`` steps.
+Decode steps are eager figures also for runs under CUDA graphs: emulated multi-rank decode is
+bound by the sockets and the host, and the graphs runs measured no faster (0.33.0, one H200:
+TP 4 DCP 4 1.1 tok/s under graphs, 1.6 eager).
 
 With several runs at once the queue's wall time lies between the longest run and their sum;
 ``queue_estimate`` schedules them as the launcher does and shares the GPU and the sockets.
@@ -51,8 +56,9 @@ if str(HERE.parent) not in sys.path:  # run as a script: evidence/ importable
 from gate import plan  # noqa: E402
 
 BLOCK_SIZE = 64  # the fp8_ds_mla cache's block (FlashMLA-sparse and the Triton backend)
-MLA_RECORD_BYTES = {"fp8_ds_mla": 656, "auto": 1152}
-INDEXER_KEY_BYTES = 128 + 4  # 128 fp8 values + one fp32 scale per 128
+# nvfp4_ds_mla: 256 bytes of e2m1 NoPE, 64 of e4m3 RoPE, 32 e4m3 scales (patch 0013's layout)
+MLA_RECORD_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352, "auto": 1152}
+INDEXER_KEY_BYTES = 128 + 4  # 128 fp8 values + one fp32 scale per 128, whatever the MLA record
 KV_SLACK = 1.2
 MIB = 1 << 20
 QK_DIM, V_DIM = 576, 512  # the absorbed MLA query and the latent output
@@ -220,11 +226,36 @@ def cached_prefix(cfg: plan.GateConfig, prompt_len: int) -> int:
     return (prompt_len - 1) // span * span
 
 
+def _prompt_len(key: str) -> int:
+    """A prompt key's length: ``single/<n>``, ``single/<n>~p<pos>``, ``batch/<i>/<n>``."""
+    return int(key.rsplit("/", 1)[1].partition("~")[0])
+
+
+def group_estimate(
+    ckpt: dict[str, Any], cfg: plan.GateConfig, keys: list[str], cached: bool, m=H100
+) -> dict[str, float]:
+    """One generate() call of the prompts ``keys`` sent together (a single prompt or a batch):
+    each prompt's prefill work (its own chunks and contexts), one step cost per step the
+    prompts share, then ``max_tokens`` decode steps; ``cached``: a prefix-cache hit."""
+    lengths = [_prompt_len(k) for k in keys]
+    prefills = [
+        prefill_estimate(ckpt, cfg, n, cached_prefix(cfg, n) if cached else 0, m) for n in lengths
+    ]
+    if len(prefills) == 1:
+        fixed = prefills[0]["fixed_s"]
+    else:  # the requests' chunks share steps of max_num_batched_tokens rows
+        rows = sum(n - (cached_prefix(cfg, n) if cached else 0) for n in lengths)
+        steps = -(-rows // cfg.max_num_batched_tokens)
+        fixed = steps * m.step_overhead_s if cfg.world_size > 1 else 0.0
+    decode = cfg.max_tokens * m.decode_step_s[cfg.world_size]
+    gpu = sum(p["gpu_s"] for p in prefills)
+    sockets = sum(p["socket_s"] for p in prefills)
+    return {"gpu_s": gpu, "socket_s": sockets, "fixed_s": fixed + decode}
+
+
 def run_estimate(ckpt: dict[str, Any], cfg: plan.GateConfig, m: Machine = H100) -> dict:
-    """The run's estimated seconds: its engine start and, per pass, each prompt's prefill and
-    decode. Single prompts only (``batch_lens`` empty): the long suites serve no batch."""
-    if cfg.batch_lens:
-        raise ValueError(f"{cfg.name}: the estimate covers single prompts only (batch_lens [])")
+    """The run's estimated seconds: its engine start and, per pass, each generate() call's
+    prefill and decode (group_estimate: single prompts and the batch)."""
     if cfg.world_size not in m.decode_step_s:
         raise ValueError(
             f"{cfg.name}: no decode rate for {cfg.world_size} ranks; "
@@ -234,16 +265,12 @@ def run_estimate(ckpt: dict[str, Any], cfg: plan.GateConfig, m: Machine = H100) 
     parts = {"gpu_s": 0.0, "socket_s": 0.0, "fixed_s": 0.0}
     for pass_name in cfg.passes:
         seconds = 0.0
+        hit = pass_name == "repeat" and cfg.enable_prefix_caching
         for keys in plan.pass_groups(cfg, pass_name):
-            length = int(keys[0].split("/")[1].partition("~")[0])
-            hit = pass_name == "repeat" and cfg.enable_prefix_caching
-            cached = cached_prefix(cfg, length) if hit else 0
-            prefill = prefill_estimate(ckpt, cfg, length, cached, m)
-            decode = cfg.max_tokens * m.decode_step_s[cfg.world_size]
-            seconds += prefill["seconds"] + decode
-            for part in ("gpu_s", "socket_s"):
-                parts[part] += prefill[part]
-            parts["fixed_s"] += prefill["fixed_s"] + decode
+            est = group_estimate(ckpt, cfg, keys, hit, m)
+            seconds += sum(est.values())
+            for part, value in est.items():
+                parts[part] += value
         passes[pass_name] = seconds
     return {
         "engine_start_s": m.engine_start_s,
@@ -266,7 +293,7 @@ def suite_rows(suite: dict[str, Any], m: Machine = H100) -> list[dict[str, Any]]
             {
                 "run": cfg.name,
                 "ranks": cfg.world_size,
-                "prompt": max(cfg.lens),
+                "prompt": max(cfg.lens + cfg.batch_lens),
                 "passes": list(cfg.passes),
                 "kv_per_rank": cfg.kv_cache_memory_bytes,
                 "kv_needed": kv_cache_bytes_needed(ckpt, dtype, cfg.max_model_len, cfg.dcp),

@@ -59,6 +59,9 @@ DROP_RESERVATION = ("alloc", "all")
 # quantized query (DeepseekV32Attention._init_packed_ckv_prefill: FLASHINFER_MLA_SPARSE).
 # These two take bf16 queries on an fp8_ds_mla cache (supports_quant_query_input False).
 PACKED_CKV_BACKENDS = ("TRITON_MLA_SPARSE_FP8_DS_MLA", "FLASHMLA_SPARSE")
+# vLLM 0.34.0 refuses the 4-bit nvfp4_ds_mla cache with DCP > 1 (VllmConfig); the series'
+# 0014 lifts that for its Triton sparse-MLA backend only (patched tree, PATCHED_ONLY_BACKENDS).
+NVFP4_DCP_BACKENDS = ("TRITON_MLA_SPARSE_FP8_DS_MLA",)
 
 
 def engine_extra_problems(extra: dict[str, Any], variant: str, dcp: int) -> list[str]:
@@ -251,6 +254,16 @@ class GateConfig:
                     f"dcp_prefill_route packed_ckv needs a backend that takes bf16 queries, "
                     f"got {self.backend!r}; valid: {', '.join(PACKED_CKV_BACKENDS)}"
                 )
+        if (
+            self.kv_cache_dtype == "nvfp4_ds_mla"
+            and self.dcp > 1
+            and self.backend not in NVFP4_DCP_BACKENDS
+        ):
+            out.append(
+                f"kv_cache_dtype nvfp4_ds_mla with dcp > 1 needs backend "
+                f"{' or '.join(NVFP4_DCP_BACKENDS)} (vLLM 0.34.0 refuses the rest), "
+                f"got {self.backend!r}"
+            )
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
             out.append("env must map str to str")
         if not isinstance(self.memory_probe, bool):

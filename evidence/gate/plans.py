@@ -8,7 +8,10 @@ candidate run, reference pass, candidate pass]) and ``gates`` (name -> [referenc
 candidate run] or a dict with ``ref``, ``cand``, ``kind``, ``noise`` and optionally ``cand_pass``
 (the candidate's pass compared with the reference's clean one: clean, or repeat for a prefix-cache
 hit) and ``control`` (a run of the candidate's configuration whose fault pass is the negative
-control, for a candidate that cannot run one)). A suite may name runs of
+control, for a candidate that cannot run one)), and optionally ``distances`` (name -> a dict
+with ``ref``, ``cand`` and ``noise``: two runs whose distance is measured and stated, never
+gated, e.g. one KV-cache format against another on the same checkpoint; ``noise`` names the
+noise group that gives it a scale and must be one of the suite's own). A suite may name runs of
 another suite (a queue runs them in one work folder and reuses them). ``suites/queues.json``
 lists suites to run as one priority queue (``--suites NAME``); ``suites/checkpoints.json`` the
 named checkpoints. Loading validates every run as a :class:`plan.GateConfig`, every gate's kind,
@@ -25,7 +28,7 @@ ones at TP 2 or 4. The series' rows run with ``variant: patched`` (the launcher 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +48,7 @@ class Suite:
     runs: tuple[dict[str, Any], ...]
     noise: dict[str, list[Any]]
     gates: dict[str, Any]
+    distances: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """The form the launcher and merge_suites take."""
@@ -53,10 +57,25 @@ class Suite:
             "runs": [dict(r) for r in self.runs],
             "noise": dict(self.noise),
             "gates": dict(self.gates),
+            "distances": {k: dict(v) for k, v in self.distances.items()},
         }
 
 
 GATE_KEYS = ("ref", "cand", "kind", "noise", "cand_pass", "control")
+DISTANCE_KEYS = ("ref", "cand", "noise")
+
+
+def _distance_problems(spec: Any, noise: dict[str, list[Any]]) -> list[str]:
+    """What is wrong with one distance entry of a suite whose noise pairs are ``noise``."""
+    if not isinstance(spec, dict) or set(spec) != set(DISTANCE_KEYS):
+        got = sorted(spec) if isinstance(spec, dict) else type(spec).__name__
+        return [f"keys {got}; want {', '.join(DISTANCE_KEYS)}"]
+    out = []
+    if spec["ref"] == spec["cand"]:
+        out.append("ref and cand are one run")
+    if spec["noise"] not in {pair[0] for pair in noise.values()}:
+        out.append(f"noise group {spec['noise']!r} is none of this suite's noise pairs")
+    return out
 
 
 def _gate_runs(spec: Any) -> tuple[str, str, str]:
@@ -120,8 +139,10 @@ def load_suite(path: Path) -> Suite:
     """Read one suite file; a malformed run, gate or key is an error naming the file."""
     data = json.loads(path.read_text())
     keys = {"what", "checkpoints", "runs", "noise", "gates"}
-    if set(data) != keys:
-        raise ValueError(f"{path.name}: keys {sorted(data)}, want {sorted(keys)}")
+    if not keys <= set(data) <= keys | {"distances"}:
+        raise ValueError(
+            f"{path.name}: keys {sorted(data)}, want {sorted(keys)} (and optionally distances)"
+        )
     names = [r["name"] for r in data["runs"]]
     if len(names) != len(set(names)):
         raise ValueError(f"{path.name}: a run name appears twice")
@@ -133,6 +154,12 @@ def load_suite(path: Path) -> Suite:
         problems = _gate_problems(spec)
         if problems:
             raise ValueError(f"{path.name}: gate {gate}: " + "; ".join(problems))
+    for name, spec in data.get("distances", {}).items():
+        problems = _distance_problems(spec, data["noise"])
+        if problems:
+            raise ValueError(f"{path.name}: distance {name}: " + "; ".join(problems))
+        if name in data["gates"]:
+            raise ValueError(f"{path.name}: distance {name} has a gate's name")
     return Suite(
         name=path.stem,
         what=data["what"],
@@ -140,6 +167,7 @@ def load_suite(path: Path) -> Suite:
         runs=tuple(data["runs"]),
         noise=data["noise"],
         gates=data["gates"],
+        distances=data.get("distances", {}),
     )
 
 
@@ -166,6 +194,9 @@ def load_suites(folder: Path = SUITE_DIR) -> dict[str, Suite]:
         for label, pair in s.noise.items():
             if not set(pair[1:3]) <= every_run:
                 raise ValueError(f"{s.name}: noise pair {label!r} names a run no suite defines")
+        for name, spec in s.distances.items():
+            if not {spec["ref"], spec["cand"]} <= every_run:
+                raise ValueError(f"{s.name}: distance {name} compares a run no suite defines")
     return suites
 
 
@@ -193,8 +224,15 @@ LONG_CKPTS: dict[str, list[str]] = _CKPTS["long"]
 
 def merge_suites(suites: list[dict[str, Any]]) -> dict[str, Any]:
     """Several suites as one queue: runs in the given order (first definition of a name
-    wins), warm-up runs moved to the front, checkpoints, noise pairs and gates united."""
-    out: dict[str, Any] = {"checkpoints": {}, "runs": [], "noise": {}, "gates": {}}
+    wins), warm-up runs moved to the front, checkpoints, noise pairs, gates and distances
+    united."""
+    out: dict[str, Any] = {
+        "checkpoints": {},
+        "runs": [],
+        "noise": {},
+        "gates": {},
+        "distances": {},
+    }
     seen = set()
     for suite in suites:
         for k, v in suite.get("checkpoints", {}).items():
@@ -206,6 +244,7 @@ def merge_suites(suites: list[dict[str, Any]]) -> dict[str, Any]:
                 out["runs"].append(run)
         out["noise"].update(suite.get("noise", {}))
         out["gates"].update(suite.get("gates", {}))
+        out["distances"].update(suite.get("distances", {}))
     out["runs"].sort(key=lambda r: not r.get("warmup", False))  # stable: priority kept
     return out
 

@@ -855,6 +855,131 @@ def _needle_retrieval_problems(report: Any) -> list[str]:
     return errors
 
 
+DISTANCE_KIND = "dcp_gate_distance"
+DISTANCE_NOTE = (
+    "a measured distance, not a gate: two runs that need not agree within the noise (e.g. the "
+    "same checkpoint on two KV-cache formats), compared as the gates compare (shared-context "
+    "steps, ids in both top-k lists) with no tolerance; the noise floor, the tolerance and the "
+    "sensitivity of its noise group are given for scale, and nothing here passes or fails"
+)
+DISTANCE_REQUIRED_KEYS = (
+    "name",
+    "runs",
+    "backend",
+    "prompts",
+    "max_abs_logprob_diff",
+    "max_first_step_abs_logprob_diff",
+    "tokens_exact",
+    "scale",
+    "note",
+)
+
+
+def distance_result(
+    name: str,
+    ref: dict[str, Any],
+    cand: dict[str, Any],
+    tol: dict[str, Any],
+    noise: dict[str, Any],
+    sens: dict[str, Any],
+) -> dict[str, Any]:
+    """How far the candidate's clean pass lies from the reference's, stated and never judged
+    (DISTANCE_NOTE): per prompt the largest |delta log-prob| over the steps that share their
+    context, the first step's, where the greedy tokens first differ; and that distance over the
+    noise floor, the tolerance (``within_tolerance``: a fact, not a verdict) and the
+    sensitivity (how far removing the needle moves the first step)."""
+    cmp = compare_passes(ref, cand, math.inf, keys_of="ref")
+    prompts = {}
+    for key, row in cmp["prompts"].items():
+        prompts[key] = {
+            k: row[k]
+            for k in (
+                "prompt_len",
+                "tokens_ref",
+                "tokens_cand",
+                "first_token_difference",
+                "compared_steps",
+                "min_common_top_ids",
+                "first_step_max_abs_logprob_diff",
+                "max_abs_logprob_diff",
+                "largest_difference",
+            )
+            if k in row
+        }
+        # with no tolerance only these remain: other token counts, NaN, disjoint top-k lists
+        prompts[key]["notes"] = row.get("reasons", [])
+    firsts = [
+        p["first_step_max_abs_logprob_diff"]
+        for p in prompts.values()
+        if p.get("first_step_max_abs_logprob_diff") is not None
+    ]
+    dist = cmp["max_abs_logprob_diff"]
+    floor, atol = tol["noise_floor"], tol["atol_logprob"]
+    figure = sens.get("min_first_step_move_lower_bound")
+    done = finished_passes(ref)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": DISTANCE_KIND,
+        "name": name,
+        "note": DISTANCE_NOTE,
+        "base": cand.get("base"),
+        "checkpoint": cand.get("checkpoint"),
+        "runs": {"reference": run_summary(ref), "candidate": run_summary(cand)},
+        "backend": {
+            "reference_kv_cache_dtype": ref.get("config", {}).get("kv_cache_dtype"),
+            "candidate_kv_cache_dtype": cand.get("config", {}).get("kv_cache_dtype"),
+            "reference_used": used_backends(ref),
+            "candidate_used": used_backends(cand),
+        },
+        "ref_pass": "clean",
+        "cand_pass": "clean",
+        "prompts": prompts,
+        "problems": cmp["problems"],
+        "incomplete_runs": cmp["incomplete_runs"],
+        "max_abs_logprob_diff": dist,
+        "max_first_step_abs_logprob_diff": max(firsts) if firsts else None,
+        "tokens_exact": tokens_exact(done.get("clean"), finished_passes(cand).get("clean")),
+        "scale": {
+            "noise_floor": noise,
+            "tolerance": tol,
+            "sensitivity": sens,
+            "ratio_to_noise_floor": dist / floor if dist is not None and floor > 0 else None,
+            "ratio_to_tolerance": dist / atol if dist is not None and atol > 0 else None,
+            "within_tolerance": None if dist is None else _within_tolerance(ref, cand, atol),
+            "ratio_to_sensitivity": dist / figure if dist is not None and figure else None,
+        },
+        "needle_retrieval": {
+            "reference": needle_retrieval(ref),
+            "candidate": needle_retrieval(cand),
+            "note": NEEDLE_RETRIEVAL_NOTE,
+        },
+        "timing_label": cand.get("transport"),
+    }
+
+
+def _within_tolerance(ref: dict[str, Any], cand: dict[str, Any], atol: float) -> bool:
+    """Whether the candidate's clean pass would pass the gates' comparison at ``atol``."""
+    return bool(compare_passes(ref, cand, atol)["equivalent"])
+
+
+def validate_distance(result: dict[str, Any]) -> list[str]:
+    """Schema problems of a distance file (distance_result); it carries no verdict."""
+    errors = [f"missing {k!r}" for k in DISTANCE_REQUIRED_KEYS if k not in result]
+    if result.get("kind") != DISTANCE_KIND:
+        errors.append(f"kind must be {DISTANCE_KIND!r}")
+    verdicts = sorted({"equivalent", "meaningful", "negative_control_detected"} & set(result))
+    if verdicts:
+        errors.append(f"a distance is not a gate: no {', '.join(verdicts)}")
+    dist = result.get("max_abs_logprob_diff")
+    if dist is not None and not isinstance(dist, (int, float)):
+        errors.append("max_abs_logprob_diff must be a number or null")
+    runs = result.get("runs") or {}
+    for side in ("reference", "candidate"):
+        if side not in runs:
+            errors.append(f"runs lacks {side!r}")
+    return errors
+
+
 EMULATION_RATES_LABEL = (
     "one-GPU emulation (socket transport): every rank of every run shares one GPU and the "
     "host's cores, and DCP's collectives go through NCCL's socket transport; these decode "

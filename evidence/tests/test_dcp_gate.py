@@ -362,6 +362,103 @@ def test_a_wrong_candidate_fails_its_gate(tmp_path: Path):
     assert not gate["equivalent"]
 
 
+def test_a_distance_is_measured_and_stated_never_judged():
+    """A distance (two KV-cache formats, say) is the gates' comparison without a tolerance:
+    the largest difference over shared-context steps, the first step's, the tokens; scaled by
+    the noise floor, the tolerance and the sensitivity; the file carries no verdict, and the
+    validator refuses one."""
+    tol = verdict.derive_tolerance({"n": 0.01})
+    sens = verdict.sensitivity(
+        run_of(REF, sensitivity={"single/8~p5": shifted(REF, 2.0, at_step=0)}), tol["atol_logprob"]
+    )
+    noise = {"max_abs_logprob_diff": 0.01, "group": "g"}
+    res = verdict.distance_result("d", run_of(REF), run_of(shifted(REF, 0.2)), tol, noise, sens)
+    assert verdict.validate_distance(res) == [] and res["kind"] == verdict.DISTANCE_KIND
+    assert res["max_abs_logprob_diff"] == pytest.approx(0.2)
+    assert res["max_first_step_abs_logprob_diff"] == 0.0  # the shift starts at step 1
+    assert res["tokens_exact"]["all_exact"]
+    scale = res["scale"]
+    assert scale["ratio_to_noise_floor"] == pytest.approx(20.0)
+    assert scale["ratio_to_tolerance"] == pytest.approx(5.0) and scale["within_tolerance"] is False
+    assert scale["ratio_to_sensitivity"] == pytest.approx(0.1)
+    assert not {"equivalent", "meaningful", "negative_control_detected"} & set(res)
+    near = verdict.distance_result("d", run_of(REF), run_of(shifted(REF, 0.02)), tol, noise, sens)
+    assert near["scale"]["within_tolerance"] is True
+    json.dumps(res, allow_nan=False)
+    assert "a distance is not a gate: no equivalent" in verdict.validate_distance(
+        {**res, "equivalent": True}
+    )
+    assert "missing 'scale'" in verdict.validate_distance(
+        {k: v for k, v in res.items() if k != "scale"}
+    )
+
+
+def test_a_suites_distance_is_reported_beside_its_gates(tmp_path: Path):
+    """Through the launcher: a distance between the TP 1 run and another TP 1 run (another KV
+    format, shifted by 0.3 from step 1 on) lands in dcp-distance-<name>.json, scaled by its
+    noise group; the gate beside it is unchanged."""
+    suite = copy.deepcopy(SUITE)
+    suite["runs"].append(
+        {
+            "name": "f-tp1-nvfp4",
+            "model": "M/f",
+            "tp": 1,
+            "dcp": 1,
+            "lens": [64, 128],
+            "batch_lens": [16, 32],
+            "passes": ["clean", "sensitivity"],
+            "kv_cache_dtype": "nvfp4_ds_mla",
+        }
+    )
+    suite["distances"] = {"f-nvfp4-vs-fp8": {"ref": "f-tp1", "cand": "f-tp1-nvfp4", "noise": "f"}}
+    proc = run_suite(tmp_path, suite, GATE_FAKE_SHIFT="f-tp1-nvfp4:0.3")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "DISTANCE f-nvfp4-vs-fp8" in proc.stdout and "(measured, not gated)" in proc.stdout
+    d = json.loads((tmp_path / "out" / "dcp-distance-f-nvfp4-vs-fp8.json").read_text())
+    assert verdict.validate_distance(d) == []
+    assert d["max_abs_logprob_diff"] == pytest.approx(0.3)
+    assert d["backend"]["candidate_kv_cache_dtype"] == "nvfp4_ds_mla"
+    assert d["scale"]["noise_floor"]["group"] == "f" and d["scale"]["within_tolerance"] is False
+    assert d["scale"]["sensitivity"]["run"] == "f-tp1-nvfp4"  # the candidate's own
+    assert d["scale"]["ratio_to_noise_floor"] > 1 and d["tokens_exact"]["all_exact"]
+    gate = json.loads((tmp_path / "out" / "dcp-gate-f-dcp2.json").read_text())
+    assert gate["equivalent"] and gate["meaningful"]
+
+
+def test_a_distance_names_two_runs_and_its_own_noise_group(tmp_path: Path) -> None:
+    """A suite's distances are checked as its gates are: the keys ref, cand and noise, two
+    different runs that some suite defines, a noise group of the suite's own pairs, a name no
+    gate of the suite has."""
+    from gate import plans
+
+    run = {"model": "m", "passes": ["clean", "repeat"]}
+    suite = {
+        "what": "w",
+        "checkpoints": {},
+        "runs": [{"name": "a", **run}, {"name": "b", **run}],
+        "noise": {"g: a repeated": ["g", "a", "a", "clean", "repeat"]},
+        "gates": {},
+        "distances": {"d": {"ref": "a", "cand": "b", "noise": "g"}},
+    }
+
+    def load(**distances: dict) -> dict:
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        (folder / "s.json").write_text(json.dumps({**suite, **distances}))
+        return plans.load_suites(folder)
+
+    assert load()["s"].distances == suite["distances"]
+    assert plans.merge_suites([load()["s"].as_dict()])["distances"] == suite["distances"]
+    for distances, message in (
+        ({"d": {"ref": "a", "cand": "b"}}, "want ref, cand, noise"),
+        ({"d": {"ref": "a", "cand": "a", "noise": "g"}}, "one run"),
+        ({"d": {"ref": "a", "cand": "b", "noise": "h"}}, "none of this suite's noise pairs"),
+        ({"d": {"ref": "a", "cand": "z", "noise": "g"}}, "a run no suite defines"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            load(distances=distances)
+
+
 def test_results_tables_render_gate_files(tmp_path: Path, monkeypatch):
     assert run_suite(tmp_path).returncode == 0
     monkeypatch.setattr(results_tables, "RESULTS", tmp_path / "out")

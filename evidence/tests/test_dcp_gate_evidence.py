@@ -116,6 +116,7 @@ def test_calibration_suite_and_the_all_queue_resolve() -> None:
             "issue43-lease3",
             "issue43-1m",
             "issue43-ortho",
+            "nvfp4",
         )
         for n in plans.QUEUES[q]
     )
@@ -221,14 +222,17 @@ def _queue(name: str) -> dict:
 
 
 def _runs_every_reference(q: dict) -> list[str]:
-    """The queue's run names, after checking that it runs both sides of every gate and of
-    every noise pair."""
+    """The queue's run names, after checking that it runs both sides of every gate, of every
+    noise pair and of every distance, and holds the noise group each distance is scaled by."""
     names = [r["name"] for r in q["runs"]]
     for gate, spec in q["gates"].items():
         pair = [spec["ref"], spec["cand"]] if isinstance(spec, dict) else spec
         assert set(pair) <= set(names), gate
     for label, pair in q["noise"].items():
         assert set(pair[1:3]) <= set(names), label
+    for name, spec in q.get("distances", {}).items():
+        assert {spec["ref"], spec["cand"]} <= set(names), name
+        assert spec["noise"] in {pair[0] for pair in q["noise"].values()}, name
     return names
 
 
@@ -260,7 +264,8 @@ def _negative_control_run(spec: dict | list) -> str:
 
 
 @pytest.mark.parametrize(
-    "name", ["all", "dcp2", "dcp4", "graphs", "flashmla-wide-heads", "long-prompts", "long"]
+    "name",
+    ["all", "dcp2", "dcp4", "graphs", "flashmla-wide-heads", "long-prompts", "long", "nvfp4"],
 )
 def test_every_queue_runs_every_reference_and_a_sensitivity_pass(name: str) -> None:
     """A queue run alone on a fresh machine can decide every gate it names: it runs both
@@ -308,17 +313,118 @@ def test_each_base034_suite_decides_its_gates_alone() -> None:
     assert {"base034-dcp4", "base034-dcp4-eager", "base034-wide-heads"} <= set(_base034_suites())
 
 
+NVFP4_GROUP = "glmn/patched-nvfp4"
+
+
+def test_the_nvfp4_queue_gates_dcp2_and_dcp4_on_the_4bit_cache_eager_and_under_graphs() -> None:
+    """The nvfp4 queue (issue 45): on an nvfp4_ds_mla cache, the series' Triton backend on the
+    patched tree at TP 2 DCP 2 and TP 4 DCP 4, eager and under graphs, each gated against DCP 1
+    at the same TP, format and mode; every reference runs its own sensitivity pass (never an
+    fp8 run's), every candidate a fault pass; the noise group is the 4-bit cache's own (no pair
+    names an fp8 run, so fp8's noise cannot loosen these gates), with TP 2 and TP 4 DCP 1 vs
+    TP 1; TP 4 DCP 4 under graphs (what users run) starts first after the warm-up; the
+    fp8_ds_mla run differs from the nvfp4 TP 1 run in its cache format only and is compared
+    with it as a distance, never a gate; no run shares a name with another suite's."""
+    import dcp_gate
+    import results_tables
+    from gate import plans
+
+    q = _queue("nvfp4")
+    names = _runs_every_reference(q)
+    runs = _check_sensitivity_and_configs(q)
+    fp8 = [n for n, r in runs.items() if r["kv_cache_dtype"] != "nvfp4_ds_mla"]
+    assert fp8 == ["p-glmn-tp1-dcp1-fp8"] and runs[fp8[0]]["kv_cache_dtype"] == "fp8_ds_mla"
+    for run in runs.values():
+        assert run["backend"] == "TRITON_MLA_SPARSE_FP8_DS_MLA" and run["variant"] == "patched"
+        assert run["model"] == "@glmn" and run["env"] == {"VLLM_USE_V2_MODEL_RUNNER": "1"}
+    gated = set()
+    for gate, spec in q["gates"].items():
+        ref, cand, kind = dcp_gate.gate_spec(spec)
+        r, c = runs[ref], runs[cand]
+        assert kind == "dcp" and spec["noise"] == NVFP4_GROUP and gate.endswith("-0.34.0")
+        assert (r["tp"], r["dcp"]) == (c["tp"], 1) and c["dcp"] == c["tp"], gate
+        assert r["graphs"] == c["graphs"] and r["kv_cache_dtype"] == c["kv_cache_dtype"]
+        assert "sensitivity" in r["passes"] and "fault" in c["passes"], gate
+        gated.add((c["dcp"], c["graphs"]))
+    assert gated == {(2, False), (2, True), (4, False), (4, True)}
+    for label, (group, a, b, _, _) in q["noise"].items():
+        assert group == NVFP4_GROUP and fp8[0] not in (a, b), label
+    pairs = {(a, b) for _, a, b, _, _ in q["noise"].values()}
+    tp1 = "p-glmn-tp1-dcp1-nvfp4"
+    assert {(tp1, "p-glmn-tp2-dcp1-nvfp4"), (tp1, "p-glmn-tp4-dcp1-nvfp4")} <= pairs
+    assert [r["name"] for r in q["runs"] if r.get("warmup")] == [tp1]
+    assert names[1:3] == ["p-glmn-tp4-dcp1-nvfp4-graphs", "p-glmn-tp4-dcp4-nvfp4-graphs"]
+    ((name, spec),) = q["distances"].items()
+    assert spec == {"ref": fp8[0], "cand": tp1, "noise": NVFP4_GROUP} and name.endswith("-0.34.0")
+    a, b = (
+        {k: v for k, v in runs[n].items() if k not in ("name", "passes", "warmup")}
+        for n in (tp1, fp8[0])
+    )
+    assert {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)} == {"kv_cache_dtype"}
+    for other, suite in plans.SUITES.items():
+        if other != "nvfp4-dcp":
+            assert not set(names) & {r["name"] for r in suite["runs"]}, other
+    for gate in q["gates"]:  # the status table's row: the 4-bit cache in brackets
+        m = results_tables._GATE_NAME.match(gate)
+        assert m and m["tp"] == m["dcp"], gate
+        assert results_tables._gate_subject(m["rest"]) == "DCP vs DCP = 1 (nvfp4_ds_mla cache)"
+
+
+def test_nvfp4_configs_take_the_patched_triton_backend_only() -> None:
+    """nvfp4_ds_mla with DCP > 1 is the series' Triton backend on the patched tree (0014 lifts
+    vLLM 0.34.0's refusal for it alone): accepted there; refused on the stock tree, with
+    another backend or none, and on the packed-CKV route (it gathers fp8_ds_mla records); at
+    DCP = 1 the harness leaves the choice to vLLM."""
+    ok = {
+        "name": "n",
+        "model": "m",
+        "tp": 4,
+        "dcp": 4,
+        "kv_cache_dtype": "nvfp4_ds_mla",
+        "backend": "TRITON_MLA_SPARSE_FP8_DS_MLA",
+        "variant": "patched",
+    }
+    plan.GateConfig(**ok)
+    for change, message in (
+        ({"variant": "stock"}, "exists only in the patched series"),
+        ({"backend": "FLASHMLA_SPARSE"}, "needs backend TRITON_MLA_SPARSE_FP8_DS_MLA"),
+        ({"backend": None, "variant": "stock"}, "nvfp4_ds_mla with dcp > 1 needs backend"),
+        ({"engine_extra": {"dcp_prefill_route": "packed_ckv"}}, "must be 'fp8_ds_mla'"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            plan.GateConfig(**{**ok, **change})
+    plan.GateConfig(**{**ok, "tp": 1, "dcp": 1, "backend": "FLASHMLA_SPARSE", "variant": "stock"})
+
+
+def test_the_nvfp4_queue_fits_one_lease_by_the_estimate() -> None:
+    """budget.py's estimate of the nvfp4 queue at --max-ranks 9 on one H100 (4-rank runs
+    beside a 4-rank and a 1-rank one, as the issue 43 leases ran) ends within 1,200 s of the
+    gates' start, decides the TP 4 DCP 4 graphs gate first among the 4-rank candidates, and is
+    what the suite's `what` states."""
+    from gate import budget, plans
+
+    rows = budget.suite_rows(plans.merge_suites([plans.SUITES[n] for n in plans.QUEUES["nvfp4"]]))
+    ends = budget.queue_estimate(rows, max_ranks=9)
+    assert max(ends.values()) <= 1200
+    assert ends["p-glmn-tp4-dcp4-nvfp4-graphs"] < ends["p-glmn-tp4-dcp4-nvfp4"]
+    minutes = round(max(ends.values()) / 60)
+    assert plans.SUITE_RECORDS["nvfp4-dcp"].what.endswith(
+        f"estimate {minutes} min for the queue at --max-ranks 9 on one H100 "
+        "(evidence/gate/budget.py --suites nvfp4)"
+    )
+
+
 def test_the_all_queue_holds_every_committed_gate() -> None:
     """Every 0.33.0 gate result under results/ is one the `all` queue would produce again, and
-    every 0.34.0 one (name ending in -0.34.0) one a base034-* suite or the `long` queue
-    (128k-1M prompts) would."""
+    every 0.34.0 one (name ending in -0.34.0) one a base034-* suite, the `long` queue
+    (128k-1M prompts) or the `nvfp4` queue (the 4-bit cache) would."""
     from pathlib import Path
 
     from gate import plans
 
     results = Path(__file__).resolve().parents[2] / "results"
     q = _queue("all")
-    suites034 = [*_base034_suites(), *plans.QUEUES["long"]]
+    suites034 = [*_base034_suites(), *plans.QUEUES["long"], *plans.QUEUES["nvfp4"]]
     gates034 = {g for n in suites034 for g in plans.SUITES[n]["gates"]}
     for path in results.glob("dcp-gate-*.json"):
         d = json.loads(path.read_text())
@@ -413,8 +519,9 @@ def test_the_long_queue_gives_every_light_row_its_32k_prompt() -> None:
         return tuple(run.get(k) for k in same), json.dumps(extra, sort_keys=True)
 
     light = {}
+    later = {*_base034_suites(), *plans.QUEUES["nvfp4"]}  # 0.34.0: no 32k twins planned yet
     for name, suite in plans.SUITES.items():
-        if name in long_names or name in _base034_suites():  # 0.34.0: no 32k twins planned yet
+        if name in long_names or name in later:
             continue
         for gate, spec in suite["gates"].items():
             ref, cand, kind = dcp_gate.gate_spec(spec)

@@ -497,8 +497,10 @@ def test_validate_checks_the_needle_report(mangle, message):
 
 
 def test_kv_bytes_per_token_follow_vllm_034s_layouts():
-    """A 656-byte fp8_ds_mla record (1152 bf16 bytes) on every layer, a 132-byte indexer key
-    on every layer that builds an indexer: glm's 4 layers have 3 ("shared" reuses), v32's 4."""
+    """A 656-byte fp8_ds_mla record (352-byte nvfp4_ds_mla, 1152 bf16 bytes) on every layer, a
+    132-byte indexer key on every layer that builds an indexer whatever the record: glm's 4
+    layers have 3 ("shared" reuses), v32's 4; docs/memory.md's per-token figures of the real
+    GLM-5.2 (78 + 1 layers, 22 indexers) follow."""
     from gate import budget
 
     glm, v32 = ck.make_config("glm"), ck.make_config("v32")
@@ -506,7 +508,12 @@ def test_kv_bytes_per_token_follow_vllm_034s_layouts():
     assert budget.kv_bytes_per_token(glm, "fp8_ds_mla") == 4 * 656 + 3 * 132 == 3020
     assert budget.kv_bytes_per_token(v32, "fp8_ds_mla") == 4 * (656 + 132)
     assert budget.kv_bytes_per_token(glm, "auto") == 4 * 1152 + 3 * 132
-    with pytest.raises(ValueError, match="valid: fp8_ds_mla, auto"):
+    assert budget.kv_bytes_per_token(glm, "nvfp4_ds_mla") == 4 * 352 + 3 * 132 == 1804
+    assert budget.kv_bytes_per_token(v32, "nvfp4_ds_mla") == 4 * (352 + 132)
+    glm52 = {"num_hidden_layers": 79, "indexer_types": ["full"] * 22 + ["shared"] * 57}
+    assert budget.kv_bytes_per_token(glm52, "nvfp4_ds_mla") == 30_712  # docs/memory.md
+    assert budget.kv_bytes_per_token(glm52, "fp8_ds_mla") == 54_728
+    with pytest.raises(ValueError, match="valid: fp8_ds_mla, nvfp4_ds_mla, auto"):
         budget.kv_bytes_per_token(glm, "fp8")
     # 1/DCP of the tokens, whole 64-token blocks; the plan adds 20 % and rounds up to MiB
     assert budget.kv_cache_bytes_needed(glm, "fp8_ds_mla", 64 * 4 + 1, 4) == 2 * 64 * 3020
@@ -561,7 +568,7 @@ def test_the_indexer_work_and_the_wire_bytes_scale_as_the_model_says():
     )
 
 
-def test_a_prefix_cache_hit_recomputes_only_the_tail_and_batches_are_refused():
+def test_a_prefix_cache_hit_recomputes_only_the_tail():
     from gate import budget
 
     glm = ck.make_config("glm")
@@ -571,10 +578,36 @@ def test_a_prefix_cache_hit_recomputes_only_the_tail_and_batches_are_refused():
     est_hit, est_miss = budget.run_estimate(glm, hit), budget.run_estimate(glm, miss)
     assert est_hit["passes_s"]["clean"] == est_miss["passes_s"]["clean"]
     assert est_hit["passes_s"]["repeat"] < est_miss["passes_s"]["repeat"] / 3
-    from gate import plan
 
-    with pytest.raises(ValueError, match="single prompts only"):
-        budget.run_estimate(glm, plan.GateConfig(name="b", model="m"))
+
+def test_a_batch_costs_its_prompts_work_in_shared_steps_and_decodes_once():
+    """The requests of a batch: each one's prefill work, the step costs of the steps they
+    share (29,400 rows in four 8192-row steps, where their own chunks would take seven), one
+    decode of max_tokens steps; a single prompt's estimate is its prefill and its decode."""
+    from gate import budget, plan
+
+    glm = ck.make_config("glm")
+    cfg = plan.GateConfig(
+        name="b", model="m", tp=2, dcp=2, lens=(1024, 8192), passes=("clean", "fault")
+    )
+    m = budget.H100
+    keys = plan.pass_groups(cfg, "clean")[-1]
+    assert [budget._prompt_len(k) for k in keys] == [700, 2600, 9100, 17000]
+    batch = budget.group_estimate(glm, cfg, keys, False)
+    alone = [budget.prefill_estimate(glm, cfg, n) for n in (700, 2600, 9100, 17000)]
+    assert sum(p["steps"] for p in alone) == 7
+    assert batch["socket_s"] == pytest.approx(sum(p["socket_s"] for p in alone))
+    decode = cfg.max_tokens * m.decode_step_s[2]
+    assert batch["fixed_s"] == pytest.approx(4 * m.step_overhead_s + decode)
+    one = budget.group_estimate(glm, cfg, ["single/8192~p5"], False)
+    p8k = budget.prefill_estimate(glm, cfg, 8192)
+    assert sum(one.values()) == pytest.approx(p8k["seconds"] + decode)
+    # every pass's groups: clean serves both singles and the batch, fault the same three
+    est = budget.run_estimate(glm, cfg)
+    assert est["passes_s"]["clean"] == pytest.approx(est["passes_s"]["fault"])
+    assert est["total_s"] == pytest.approx(m.engine_start_s + 2 * est["passes_s"]["clean"])
+    with pytest.raises(ValueError, match="no decode rate for 3 ranks"):
+        budget.run_estimate(glm, plan.GateConfig(name="t", model="m", tp=3))
 
 
 def _load(name: str, ranks: int = 1, gpu: float = 0, sockets: float = 0, warmup=False) -> dict:
