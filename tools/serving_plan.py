@@ -14,9 +14,11 @@ The model, and where each number comes from (vLLM 0.34.0, read in its source):
 * KV bytes per token per layer: ``fp8_ds_mla`` is one 656-byte record
   (``AttentionImpl.get_fp8_ds_mla_row_bytes``: 512 fp8 NoPE values, 4 fp32 scales, 64 bf16
   RoPE values); ``auto`` stores the 576-wide latent in bf16 (1,152 bytes); ``nvfp4_ds_mla`` is
-  352 bytes (SM100 only, refused with DCP > 1). Every layer with an indexer adds its key cache:
-  ``index_head_dim`` fp8 bytes plus one fp32 scale per 128 (``DeepseekV32Indexer``: 132 bytes).
-  vLLM sums the layers' pages (``UniformTypeKVCacheSpecs``), so a token costs the sum.
+  352 bytes (stock 0.34: SM100 only, refused with DCP > 1; with 0013/0014 the series' Triton
+  backend writes and reads it on SM90/SM12x, DCP included). Every layer with an indexer adds
+  its key cache: ``index_head_dim`` fp8 bytes plus one fp32 scale per 128
+  (``DeepseekV32Indexer``: 132 bytes). vLLM sums the layers' pages
+  (``UniformTypeKVCacheSpecs``), so a token costs the sum.
 * MLA keeps one latent per token (``num_kv_heads=1``), so every TP rank stores every layer's
   latent for the tokens it holds; DCP shards the tokens (``dcp_sharded``): a request's context
   is DCP times what one GPU holds.
@@ -56,7 +58,10 @@ INDEXER_SCALE_BLOCK = 128
 KV_DTYPES: dict[str, str] = {
     "fp8_ds_mla": "656-byte record; SM90 (FLASHMLA_SPARSE), SM12x (TRITON_MLA_SPARSE_FP8_DS_MLA)",
     "auto": "bf16 latent; SM90 only (FLASH_ATTN_MLA_SPARSE, FLASHMLA_SPARSE)",
-    "nvfp4_ds_mla": "SM100 only; vLLM 0.34 refuses it with DCP > 1",
+    "nvfp4_ds_mla": (
+        "352-byte record; stock vLLM 0.34: SM100 only, refused with DCP > 1; the series: SM90 "
+        "and SM12x with DCP (TRITON_MLA_SPARSE_FP8_DS_MLA, 0013/0014; not yet run on a GPU)"
+    ),
 }
 
 FORMAT_BITS: dict[str, float] = {

@@ -19,6 +19,7 @@ e2m1 x e4m3 fits bf16) and the softmax weights to bf16 and writes a bf16 output;
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -40,7 +41,22 @@ OUT_ATOL = 2e-3
 OUT_RTOL = 1e-2
 LSE_ATOL = 2e-3
 HOST_WRITER = Path(__file__).with_name("nvfp4_host_writer.cpp")
-CUDA_INCLUDE = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
+
+
+def _cuda_include() -> Path:
+    """CUDA headers with ``cuda_fp4.h`` and the ``nv/target`` it includes: ``$CUDA_HOME/include``,
+    else those of the CUDA runtime wheel torch installs (``nvidia/cu*/include``), so the proof
+    runs where no CUDA toolkit is installed."""
+    home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
+    candidates = [home]
+    spec = importlib.util.find_spec("nvidia")
+    for root in spec.submodule_search_locations if spec else ():
+        candidates += sorted(Path(root).glob("cu*/include"))
+    for inc in candidates:
+        if (inc / "cuda_fp4.h").is_file() and (inc / "nv" / "target").is_file():
+            return inc
+    return home
+
 
 SETTINGS = settings(
     max_examples=25,
@@ -67,7 +83,7 @@ def _host_writer_binary(tmp: str) -> Path:
             "g++",
             "-O1",
             "-ffp-contract=off",
-            f"-I{CUDA_INCLUDE}",
+            f"-I{_cuda_include()}",
             str(HOST_WRITER),
             "-o",
             str(exe),
@@ -79,8 +95,8 @@ def _host_writer_binary(tmp: str) -> Path:
 
 @pytest.fixture(scope="module")
 def host_writer(tmp_path_factory):
-    if shutil.which("g++") is None or not (CUDA_INCLUDE / "cuda_fp4.h").is_file():
-        pytest.fail(f"needs g++ and the CUDA headers (cuda_fp4.h under {CUDA_INCLUDE})")
+    if shutil.which("g++") is None or not (_cuda_include() / "cuda_fp4.h").is_file():
+        pytest.fail(f"needs g++ and the CUDA headers (cuda_fp4.h under {_cuda_include()})")
     exe = _host_writer_binary(str(tmp_path_factory.mktemp("nvfp4")))
 
     def run(bits: np.ndarray) -> np.ndarray:
@@ -232,7 +248,7 @@ def test_gather_returns_the_decoded_records(codec, seed, seq_lens, with_starts):
     )  # fmt: skip
     slots = [
         int(bt[r, p // block_size]) * block_size + p % block_size
-        for r, (n, s) in enumerate(zip(seq_lens, starts))
+        for r, (n, s) in enumerate(zip(seq_lens, starts, strict=True))
         for p in range(s, s + n)
     ]
     want = _decode(cache.view(-1, RECORD)[slots].numpy())
@@ -262,7 +278,7 @@ def _reference(q, kv, indices, counts, sm_scale):
         s = q[t] @ k.T * sm_scale
         m = s.max(-1, keepdims=True)
         p = np.exp(s - m)
-        lse[t] = (m[:, 0] + np.log(p.sum(-1)))
+        lse[t] = m[:, 0] + np.log(p.sum(-1))
         out[t] = (p / p.sum(-1, keepdims=True)) @ k[:, :512]
     return out, lse
 
@@ -300,10 +316,14 @@ def test_kernel_matches_float64_reference(
         "flat": {"flat_records": True},
     }[variant]
     sm_scale = 576**-0.5
+    plan = tsm.SparseMLAPlan.for_launch(
+        topk, block_h=tsm._default_block_h(heads), block_n=16, num_warps=4, num_stages=1,
+        num_splits=num_splits, **kw,
+    )  # fmt: skip
     out, lse = tsm.sparse_mla_fp8_ds_mla_attention(
         q, rec.view(num_blocks, block_size, RECORD), torch.from_numpy(indices),
-        sm_scale, valid_counts=torch.from_numpy(counts), num_splits=num_splits,
-        block_n=16, record_format="nvfp4_ds_mla", **kw,
+        sm_scale, valid_counts=torch.from_numpy(counts), plan=plan,
+        record_format="nvfp4_ds_mla",
     )  # fmt: skip
     ref_out, ref_lse = _reference(
         q.double().numpy(), _decode(rec.numpy()), indices, counts, sm_scale
@@ -329,10 +349,8 @@ def test_kernel_reads_the_nvfp4_layout_not_fp8(codec, tsm):
     unpermuted[:, 320:] = rec[:, 320:][:, perm]  # block order
     q = torch.from_numpy(rng.standard_normal((1, 16, 576))).float().to(torch.bfloat16)
     idx = torch.arange(16, dtype=torch.int32)[None]
-    o1, _ = tsm.sparse_mla_fp8_ds_mla_attention(
-        q, rec, idx, 0.04, block_n=16, record_format="nvfp4_ds_mla"
-    )
+    o1, _ = tsm.sparse_mla_fp8_ds_mla_attention(q, rec, idx, 0.04, record_format="nvfp4_ds_mla")
     o2, _ = tsm.sparse_mla_fp8_ds_mla_attention(
-        q, unpermuted, idx, 0.04, block_n=16, record_format="nvfp4_ds_mla"
+        q, unpermuted, idx, 0.04, record_format="nvfp4_ds_mla"
     )
     assert not torch.equal(o1, o2)
