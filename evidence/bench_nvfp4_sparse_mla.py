@@ -246,7 +246,9 @@ def main() -> int:
                 )  # fmt: skip
 
             us = graph_us([make(i) for i in sets], args.reps)
-            plan = tsm.plan_sparse_mla(rows, heads, TOPK, q.device, contiguous=True)
+            plan = tsm.plan_sparse_mla(
+                rows, heads, TOPK, q.device, contiguous=True, record_format=fmt
+            )
             row[fmt] = {
                 "us": us,
                 "record_read_gbps": call_bytes / (us * 1e-6) / 1e9,

@@ -8,7 +8,7 @@ Compiles, with Triton and its bundled ptxas, for the stand-in GPU of each capabi
 * the sparse-MLA kernel with ``NVFP4=True`` at every launch ``plan_sparse_mla`` picks by
   default (``plan_points``: 1-4096 rows x 8-128 heads, paged and contiguous, top-k 2048), and
   checks that each fits the GPU's shared memory per block;
-* the Triton nvfp4_ds_mla cache writer and the chunked-context gather/upconvert kernel.
+* the Triton nvfp4_ds_mla cache writer.
 
 Reports registers, spill (stack) bytes, shared memory and a few static SASS counts per launch;
 exit status 1 if any launch fails to compile or does not fit. Compile facts, not timings.
@@ -139,26 +139,6 @@ def compile_writer(codec, capability: int) -> dict:
     return dict(kernel="concat_and_cache_nvfp4_ds_mla", num_warps=1, **_facts(compiled))
 
 
-def compile_gather(codec, capability: int, has_seq_starts: bool) -> dict:
-    fn = codec._cp_gather_and_upconvert_nvfp4_kernel
-    ptrs = {
-        "cache_ptr": "*u8",
-        "dst_ptr": "*bf16",
-        "block_table_ptr": "*i32",
-        "starts_ptr": "*i32",
-        "seq_starts_ptr": "*i32",
-    }
-    consts = dict(HAS_SEQ_STARTS=has_seq_starts)
-    sig, attrs = _signature(fn, ptrs, consts)
-    compiled = compile_cuda(fn, sig, consts, attrs, capability=capability, num_warps=1)
-    return dict(
-        kernel="cp_gather_and_upconvert_nvfp4",
-        has_seq_starts=has_seq_starts,
-        num_warps=1,
-        **_facts(compiled),
-    )
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tree", type=Path, required=True)
@@ -175,9 +155,6 @@ def main() -> int:
         for p in plan_points(kern, cap)
     ]
     jobs.append(("writer", lambda: compile_writer(codec, cap)))
-    jobs += [
-        (f"gather seq_starts={s}", lambda s=s: compile_gather(codec, cap, s)) for s in (False, True)
-    ]
     rows, failed = [], 0
     for name, job in jobs:
         try:

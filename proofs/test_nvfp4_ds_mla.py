@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""CPU proofs for the nvfp4_ds_mla records: writer, gather and the sparse-MLA kernel.
+"""CPU proofs for the nvfp4_ds_mla records: the writer and the sparse-MLA kernel.
 
-Shipped code: ``vllm/v1/attention/ops/triton_nvfp4_ds_mla_cache.py`` (torch codec, Triton
-writer and gather) and ``vllm/v1/attention/ops/triton_sparse_mla.py`` with
+Shipped code: ``vllm/v1/attention/ops/triton_nvfp4_ds_mla_cache.py`` (torch codec and
+Triton writer) and ``vllm/v1/attention/ops/triton_sparse_mla.py`` with
 ``record_format="nvfp4_ds_mla"``, run under Triton's interpreter (``TRITON_INTERPRET=1``).
 
 References independent of the shipped module:
@@ -218,41 +218,6 @@ def test_codec_decodes_to_the_format_definition(codec, bits):
     rec = codec.quantize_nvfp4_ds_mla(x[:, :512].contiguous(), x[:, 512:].contiguous())
     got = codec.dequantize_nvfp4_ds_mla(rec).double().numpy()
     np.testing.assert_array_equal(got, _decode(rec.numpy()))
-
-
-# ---------------------------------------------------------------------------
-# Gather (chunked-context upconvert)
-# ---------------------------------------------------------------------------
-
-
-@SETTINGS
-@given(
-    seed=st.integers(0, 2**31 - 1),
-    seq_lens=st.lists(st.integers(1, 9), min_size=1, max_size=4),
-    with_starts=st.booleans(),
-)
-def test_gather_returns_the_decoded_records(codec, seed, seq_lens, with_starts):
-    """Row i of the workspace is the bf16 value of the record of its request's context
-    token (random bytes: NaN scales and RoPE included)."""
-    block_size, num_blocks = 4, 8
-    g = torch.Generator().manual_seed(seed)
-    cache = torch.randint(0, 256, (num_blocks, block_size, RECORD), generator=g)
-    cache = cache.to(torch.uint8)
-    starts = [int(torch.randint(0, 8, (1,), generator=g)) if with_starts else 0 for _ in seq_lens]
-    bt = torch.stack([torch.randperm(num_blocks, generator=g) for _ in seq_lens]).int()
-    ws = torch.tensor(np.cumsum([0] + seq_lens[:-1]), dtype=torch.int32)
-    dst = torch.empty(sum(seq_lens), 576, dtype=torch.bfloat16)
-    codec.cp_gather_and_upconvert_nvfp4_ds_mla(
-        cache, dst, bt, ws, len(seq_lens),
-        torch.tensor(starts, dtype=torch.int32) if with_starts else None,
-    )  # fmt: skip
-    slots = [
-        int(bt[r, p // block_size]) * block_size + p % block_size
-        for r, (n, s) in enumerate(zip(seq_lens, starts, strict=True))
-        for p in range(s, s + n)
-    ]
-    want = _decode(cache.view(-1, RECORD)[slots].numpy())
-    np.testing.assert_array_equal(dst.float().double().numpy(), want)
 
 
 # ---------------------------------------------------------------------------
