@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
-import json
 import os
 import platform
 import sys
@@ -47,6 +46,7 @@ import types
 from pathlib import Path
 
 import torch
+from provenance import write_result
 
 CODEC = "vllm/v1/attention/ops/triton_nvfp4_ds_mla_cache.py"
 KERNEL = "vllm/v1/attention/ops/triton_sparse_mla.py"
@@ -249,7 +249,7 @@ def main() -> int:
             f"  lse mean {f8['lse_mean_abs']:.5f} / {f4['lse_mean_abs']:.5f}",
             flush=True,
         )
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result, gpus=args.device != "cpu")
     print(f"wrote {args.out}")
     return 0
 

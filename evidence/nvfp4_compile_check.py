@@ -30,6 +30,7 @@ from pathlib import Path
 # The offline-compile helpers live beside the CPU proofs that use them.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "proofs"))
 
+from provenance import write_result  # noqa: E402
 from sm90_compile import CAPABILITIES, compile_cuda, cuobjdump, load_leaf, resources  # noqa: E402
 from sparse_mla_sm90_compile_stats import PLAN_HEADS, PLAN_ROWS, STAND_INS  # noqa: E402
 
@@ -175,7 +176,6 @@ def main() -> int:
             kind="nvfp4-ds-mla-compile",
             what=f"offline sm_{args.capability} compile facts of every nvfp4_ds_mla Triton "
             "launch (registers, spills, shared memory, static SASS); not timings",
-            command=" ".join([sys.executable, *sys.argv]),
             stand_in=dict(sms=STAND_INS[args.capability][0], smem_per_block=limit),
             kernel_sha256={
                 p: hashlib.sha256((args.tree / p).read_bytes()).hexdigest() for p in (KERNEL, CODEC)
@@ -184,7 +184,7 @@ def main() -> int:
             failed=failed,
             rows=rows,
         )
-        args.out.write_text(json.dumps(doc, indent=2) + "\n")
+        write_result(args.out, doc, gpus=False)
     return 1 if failed else 0
 
 

@@ -1155,6 +1155,105 @@ def readme_with_status(text: str) -> str:
     return before + status_block() + after
 
 
+def nvfp4_accuracy_table(name: str, d: dict[str, Any]) -> list[str]:
+    """evidence/nvfp4_accuracy.py: the error each KV record format causes against bf16
+    attention, per activation regime; ``kernel vs format``: the shipped kernel against float32
+    attention over the same nvfp4 records (the kernel's own rounding)."""
+    rows = []
+    for regime, e in d["regimes"].items():
+        f8, f4 = e["fp8_ds_mla"], e["nvfp4_ds_mla"]
+
+        def pair(key: str, part: str = "format", f8=f8, f4=f4) -> str:
+            return f"{fmt(f8[part][key])} / {fmt(f4[part][key])}"
+
+        kvf = f4.get("kernel_vs_format") or {}
+        rows.append(
+            [
+                regime,
+                fmt(float(e["logit_std"])),
+                pair("nope_rel_fro", "kv"),
+                pair("out_rel_fro"),
+                pair("lse_mean_abs"),
+                pair("lse_max_abs"),
+                fmt(kvf.get("out_rel_fro")),
+            ]
+        )
+    a = d["args"]
+    head = [
+        f"### 4-bit KV records (nvfp4_ds_mla) beside fp8_ds_mla, against bf16 attention (CPU), "
+        f"`{name}`; revision {revision(d)}",
+        "",
+        f"Synthetic DSA-shaped activations, {a['slots']} cache rows, {a['rows']} query rows x "
+        f"{a['heads']} heads over a top-k of {a['topk']}; errors as fp8_ds_mla / nvfp4_ds_mla; "
+        "relative errors are Frobenius norms, LSE errors in natural log.",
+        "",
+    ]
+    return head + table(
+        [
+            "regime",
+            "logit std",
+            "NoPE rel. error",
+            "output rel. error",
+            "LSE mean abs error",
+            "LSE max abs error",
+            "nvfp4 kernel vs format (output rel.)",
+        ],
+        rows,
+    )
+
+
+def nvfp4_compile_table(files: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """evidence/nvfp4_compile_check.py: offline compile facts of every nvfp4_ds_mla launch per
+    target (no GPU): not timings."""
+    rows = []
+    for name, d in files:
+        launches = d["rows"]
+        kernels = [r for r in launches if r.get("kernel") == "sparse_mla_nvfp4"]
+        rows.append(
+            [
+                f"sm_{launches[0]['capability']}" if launches else "-",
+                f"`{name}`",
+                str(len(kernels)),
+                "yes" if d["failed"] == 0 else f"NO: {d['failed']} failed",
+                str(max((r.get("registers", 0) for r in kernels), default=0)),
+                str(max((r.get("stack_bytes", 0) for r in kernels), default=0)),
+                str(max((r.get("shared_bytes", 0) for r in kernels), default=0)),
+                str(d["stand_in"]["smem_per_block"]),
+                d.get("triton", "-"),
+                revision(d),
+            ]
+        )
+    head = ["### nvfp4_ds_mla launches compiled offline (no GPU, nothing launched)", ""]
+    return head + table(
+        [
+            "target",
+            "file",
+            "kernel launches",
+            "all compile and fit",
+            "registers (max)",
+            "spill bytes (max)",
+            "shared memory (max, B)",
+            "shared memory per block (B)",
+            "Triton",
+            "revision",
+        ],
+        rows,
+    )
+
+
+def nvfp4_section() -> list[str]:
+    out: list[str] = []
+    for name, d in load("nvfp4-accuracy-*.json"):
+        out += nvfp4_accuracy_table(name, d)
+    files = sorted(
+        load("nvfp4-compile-*.json"),
+        key=lambda f: f[1]["rows"][0]["capability"] if f[1]["rows"] else 0,
+    )
+    if files:
+        out += nvfp4_compile_table(files)
+    return out
+
+
 def render() -> str:
     lines = [
         "# Evidence tables",
@@ -1165,6 +1264,7 @@ def render() -> str:
     ]
     for section in (
         kernel_section,
+        nvfp4_section,
         dcp_gate_section,
         topk_section,
         topk_order_section,

@@ -173,3 +173,24 @@ def test_memory_table_shows_each_run_its_control_and_the_capacity(tmp_path, monk
     assert "| `m-dcp1` | glmn | 2048 | 1/1 | 64,000 | 1 | 65,536 |" in text
     assert "| `c-dcp1` | glmn | 2048 | 1/1 | refused 65,600 (holds 39488) | - | - |" in text
     assert "| `m-dcp2` | glmn | 2048 | 2/2 | 128,000 | 2 | 65,536 |" in text
+
+
+def test_nvfp4_tables_show_both_formats_per_regime_and_each_target():
+    """The accuracy table has one row per regime with the fp8 and nvfp4 figures of the file;
+    the compile table one row per target, and a failed launch is not shown as fitting."""
+    (name, d), *_ = results_tables.load("nvfp4-accuracy-*.json")
+    lines = results_tables.nvfp4_accuracy_table(name, d)
+    for regime, e in d["regimes"].items():
+        row = next(x for x in lines if x.startswith(f"| {regime} |"))
+        f8 = results_tables.fmt(e["fp8_ds_mla"]["format"]["out_rel_fro"])
+        f4 = results_tables.fmt(e["nvfp4_ds_mla"]["format"]["out_rel_fro"])
+        assert f"| {f8} / {f4} |" in row
+    files = results_tables.load("nvfp4-compile-*.json")
+    assert {f[1]["rows"][0]["capability"] for f in files} == {90, 120, 121}
+    rows = [x for x in results_tables.nvfp4_compile_table(files) if x.startswith("| sm_")]
+    assert len(rows) == 3 and all("| yes |" in r for r in rows)
+    broken = {**files[0][1], "failed": 1}
+    (row,) = [
+        x for x in results_tables.nvfp4_compile_table([("x.json", broken)]) if x.startswith("| sm_")
+    ]
+    assert "NO: 1 failed" in row
