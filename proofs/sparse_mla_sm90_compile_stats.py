@@ -126,6 +126,8 @@ def compile_point(kern, point, capability: int = 90) -> dict:
         EMULATE=False,
         ROUND_OUT=False,
     )
+    if "NVFP4" in names:  # the fp8_ds_mla launches of a kernel that also reads nvfp4_ds_mla
+        consts.update(NVFP4=False)
     if "FOLD_SCALES" in names:  # kernel files from before fold_scales left the kernel
         consts.update(FOLD_SCALES=False)
     if "PREFETCH" in names:  # kernel files from before the prefetch variants lack them
