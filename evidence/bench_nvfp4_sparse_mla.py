@@ -5,16 +5,15 @@
 Runs on one GPU with vLLM importable (the pinned wheel) and the patched tree's two leaf files
 loaded by path (--tree), so the shipped kernels are what runs:
 ``vllm/v1/attention/ops/triton_sparse_mla.py`` (``record_format=...``) and
-``vllm/v1/attention/ops/triton_nvfp4_ds_mla_cache.py`` (writer, gather, codec).
+``vllm/v1/attention/ops/triton_nvfp4_ds_mla_cache.py`` (writer, codec).
 
 Measured, same inputs for both formats (the same bf16 latent rows quantised both ways):
   * decode: 1..64 rows x 16 and 64 heads, top-k 2048 over a 1M-token cache (random slots);
   * extend: 4096 rows, each with its own top-k 2048 over a 32k-token context;
   * the cache writers: Triton nvfp4_ds_mla writer, CUDA fp8_ds_mla writer
     (``ops.concat_and_cache_mla``), and on SM100 the CUDA nvfp4_ds_mla writer (with a byte
-    comparison against the Triton one);
-  * the chunked-context gather/upconvert (Triton; CUDA too on SM100, value comparison).
-Timing: CUDA-graph replay as in scripts/bench_sparse_mla_kernel.py: K calls over K index sets
+    comparison against the Triton one).
+Timing: CUDA-graph replay as in evidence/bench_sparse_mla_kernel.py: K calls over K index sets
 (K x record bytes >= 4 x L2) captured in one graph, per-call time = median replay / K, with
 the kernel's default launch (``plan_sparse_mla``) for each format. ``nvfp4_over_fp8`` = nvfp4
 time / fp8 time (< 1: the 4-bit records are faster). Accuracy spot checks: each format's
@@ -48,6 +47,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from provenance import write_result
 
 TOPK = 2048
 NUM_SLOTS = 1 << 20
@@ -192,12 +192,11 @@ def main() -> int:
         "decode": [],
         "extend": [],
         "writer": [],
-        "gather": [],
         "complete": False,
     }
 
     def flush() -> None:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write_result(args.out, result)
 
     def left() -> float:
         return args.budget_s - (time.time() - t0)
@@ -325,29 +324,6 @@ def main() -> int:
         print(json.dumps(entry), flush=True)
         flush()
 
-    # Gather / upconvert of a 32k-token context (4 requests x 8k).
-    if left() > 15:
-        bt = torch.randperm(NUM_SLOTS // 64, device="cuda")[: 4 * 128].view(4, 128).int()
-        starts = torch.arange(0, 4 * 8192, 8192, device="cuda", dtype=torch.int32)
-        dst = torch.empty(4 * 8192, 576, dtype=torch.bfloat16, device="cuda")
-        nv_cache = caches["nvfp4_ds_mla"].view(NUM_SLOTS // 64, 64, 352)
-        entry = {"tokens": 4 * 8192}
-        entry["triton_us"] = graph_us(
-            [lambda: codec.cp_gather_and_upconvert_nvfp4_ds_mla(nv_cache, dst, bt, starts, 4)],
-            args.reps,
-        )
-        if sm100:
-            dst2 = torch.empty_like(dst)
-            entry["cuda_us"] = graph_us(
-                [lambda: ops.cp_gather_and_upconvert_nvfp4_kv_cache(nv_cache, dst2, bt, starts, 4)],
-                args.reps,
-            )
-            codec.cp_gather_and_upconvert_nvfp4_ds_mla(nv_cache, dst, bt, starts, 4)
-            entry["triton_equals_cuda"] = bool(
-                torch.equal(dst.view(torch.int16), dst2.view(torch.int16))
-            )
-        result["gather"].append(entry)
-        print(json.dumps(entry), flush=True)
     result["complete"] = left() > 0
     result["elapsed_s"] = time.time() - t0
     flush()

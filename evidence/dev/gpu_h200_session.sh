@@ -3,7 +3,7 @@
 # the repository root after the staged vLLM is installed (../shared/gpu recipe) and .gpu-overlay
 # (the applied series, from .gpu/overlay-build.sh) is carried:
 #     bash evidence/dev/gpu_h200_session.sh STAGE...
-# Stages: kernel | topk | topk-order | tree-tests
+# Stages: kernel | topk | nvfp4 | topk-order | tree-tests
 # Results are kept in $RES (default /tmp/dcp-res; survives between calls on a warm machine; $OUT
 # is emptied per call) and each stage archives what it wrote to $OUT/STAGE.tar.gz (copied into
 # results/ afterwards). evidence/dev/gpu_lease.sh runs the kernel, topk and tree-tests stages.
@@ -27,6 +27,13 @@ for stage in "$@"; do
       timeout "${STAGE_TIMEOUT:-100}" python3 evidence/bench_dcp_topk.py --vllm-tree "$DCP_VLLM_TREE" \
         --out "$RES/dcp-topk-merge-h200-0.33.0.json" > "$RES/topk.log" 2>&1
       tail -4 "$RES/topk.log" | cut -c1-300 ;;
+    nvfp4)
+      # alone on the GPU: nvfp4_ds_mla against fp8_ds_mla, same inputs, one run (its ratios
+      # are the figures); capacity per format (evidence/bench_nvfp4_sparse_mla.py)
+      timeout "${STAGE_TIMEOUT:-200}" python3 evidence/bench_nvfp4_sparse_mla.py --tree "$DCP_VLLM_TREE" \
+        --quick --budget-s "${NVFP4_BUDGET_S:-120}" --kv-gib 80 --out "$RES/nvfp4-bench-h200-0.34.0.json" \
+        > "$RES/nvfp4-bench.log" 2>&1
+      tail -4 "$RES/nvfp4-bench.log" | cut -c1-300 ;;
     tree-tests)
       # the series' vLLM-tree tests (the GPU-only ones are skipped on CPU) against the patched
       # install, from the bundle (evidence/dev/tree_tests_bundle.py; $TREE_TESTS, default the

@@ -129,7 +129,7 @@ if [ "${1:-}" = land ]; then
   A=${LEASE_ARCHIVE:-build/leases/$stamp}
   W=$(mktemp -d); mkdir -p "$A"
   for d in "$@"; do
-    for f in kernel topk; do
+    for f in kernel topk nvfp4; do
       [ -f "$d/$f.tar.gz" ] && tar xzf "$d/$f.tar.gz" -C "$W" && echo "landed $d/$f.tar.gz"
     done
     [ -f "$d/gate.tgz" ] && rm -rf "$W/gate" && mkdir -p "$W/gate" && tar xzf "$d/gate.tgz" -C "$W/gate"
@@ -140,7 +140,8 @@ if [ "${1:-}" = land ]; then
       && echo "results/serve-smoke-0.34.0.json"
     [ -f "$d/serve-logs.tgz" ] && cp "$d/serve-logs.tgz" "$A/serve-logs.tgz"
   done
-  for f in kernel-bench-h200-0.33.0.json dcp-topk-merge-h200-0.33.0.json; do
+  for f in kernel-bench-h200-0.33.0.json dcp-topk-merge-h200-0.33.0.json \
+    nvfp4-bench-h200-0.34.0.json; do
     [ -s "$W/$f" ] && cp "$W/$f" results/ && echo "results/$f"
   done
   for f in "$W"/*.log; do [ -f "$f" ] && cp "$f" "$A/$(basename "$f")"; done
