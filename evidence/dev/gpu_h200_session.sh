@@ -30,8 +30,10 @@ for stage in "$@"; do
     nvfp4)
       # alone on the GPU: nvfp4_ds_mla against fp8_ds_mla, same inputs, one run (its ratios
       # are the figures); capacity per format (evidence/bench_nvfp4_sparse_mla.py)
+      # the file is named by the card (h100, h200): both kinds are lent
+      gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9]*' | tr H h)
       timeout "${STAGE_TIMEOUT:-200}" python3 evidence/bench_nvfp4_sparse_mla.py --tree "$DCP_VLLM_TREE" \
-        --quick --budget-s "${NVFP4_BUDGET_S:-120}" --kv-gib 80 --out "$RES/nvfp4-bench-h200-0.34.0.json" \
+        --quick --budget-s "${NVFP4_BUDGET_S:-120}" --kv-gib 80 --out "$RES/nvfp4-bench-${gpu:-gpu}-0.34.0.json" \
         > "$RES/nvfp4-bench.log" 2>&1
       tail -4 "$RES/nvfp4-bench.log" | cut -c1-300 ;;
     tree-tests)
