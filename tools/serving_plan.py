@@ -60,7 +60,7 @@ KV_DTYPES: dict[str, str] = {
     "auto": "bf16 latent; SM90 only (FLASH_ATTN_MLA_SPARSE, FLASHMLA_SPARSE)",
     "nvfp4_ds_mla": (
         "352-byte record; stock vLLM 0.34: SM100 only, refused with DCP > 1; the series: SM90 "
-        "and SM12x with DCP (TRITON_MLA_SPARSE_FP8_DS_MLA, 0013/0014; not yet run on a GPU)"
+        "and SM12x with DCP (TRITON_MLA_SPARSE_FP8_DS_MLA, 0013/0014; no engine gate on a GPU yet)"
     ),
 }
 
