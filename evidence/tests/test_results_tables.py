@@ -194,3 +194,36 @@ def test_nvfp4_tables_show_both_formats_per_regime_and_each_target():
         x for x in results_tables.nvfp4_compile_table([("x.json", broken)]) if x.startswith("| sm_")
     ]
     assert "NO: 1 failed" in row
+
+
+def test_nvfp4_bench_table_states_the_time_ratio_per_shape():
+    """One row per decode and extend shape, the ratio being nvfp4's time over fp8's; a cut
+    run says so; the capacity line carries both token ratios."""
+    (name, d), *_ = results_tables.load("nvfp4-bench-*.json")
+    lines = results_tables.nvfp4_bench_table(name, d)
+    shapes = d["decode"] + d["extend"]
+    rows = [x for x in lines if x.startswith(("| decode |", "| extend |"))]
+    assert len(rows) == len(shapes)
+    for row, r in zip(rows, shapes, strict=True):
+        assert f"| {results_tables.ratio(r['nvfp4_over_fp8'])} |" in row
+    assert "1.86x" in "".join(lines)
+    cut = {**d, "complete": False}
+    assert "cut by its time budget" in "".join(results_tables.nvfp4_bench_table(name, cut))
+
+
+def test_distance_table_states_the_ratios_without_a_verdict():
+    d = {
+        "backend": {
+            "reference_kv_cache_dtype": "fp8_ds_mla",
+            "candidate_kv_cache_dtype": "nvfp4_ds_mla",
+        },
+        "max_abs_logprob_diff": 0.5,
+        "max_first_step_abs_logprob_diff": 0.25,
+        "scale": {"ratio_to_noise_floor": 10.0, "ratio_to_tolerance": 2.0},
+        "tokens_exact": {"all_exact": False},
+        "git_revision": "abc",
+    }
+    lines = results_tables.distance_table([("dcp-distance-x.json", d)])
+    (row,) = [x for x in lines if x.startswith("| `dcp-distance-x.json`")]
+    assert "| nvfp4_ds_mla vs fp8_ds_mla | 0.5 | 0.25 | 10.00 | 2.00 | - | False | abc |" in row
+    assert not any("equivalent" in x.lower() or "verdict" in x.lower() for x in lines)
