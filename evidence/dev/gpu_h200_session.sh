@@ -6,7 +6,8 @@
 # Stages: kernel | topk | nvfp4 | topk-order | tree-tests
 # Results are kept in $RES (default /tmp/dcp-res; survives between calls on a warm machine; $OUT
 # is emptied per call) and each stage archives what it wrote to $OUT/STAGE.tar.gz (copied into
-# results/ afterwards). evidence/dev/gpu_lease.sh runs the kernel, topk and tree-tests stages.
+# results/ afterwards). evidence/dev/gpu_lease.sh runs the stages its BENCH_STAGES names (kernel,
+# topk, nvfp4) and tree-tests.
 set -uo pipefail
 : "${OUT:?run on the device machine}"
 export DCP_GIT_REV="${DCP_GIT_REV:-unknown}"
