@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -426,23 +427,25 @@ def test_the_nvfp4_queue_fits_one_lease_by_the_estimate() -> None:
     )
 
 
-def test_the_all_queue_holds_every_committed_gate() -> None:
-    """Every 0.33.0 gate result under results/ is one the `all` queue would produce again, and
-    every 0.34.0 one (name ending in -0.34.0) one a base034-* suite, the `long` queue
-    (128k-1M prompts) or the `nvfp4` queue (the 4-bit cache) would."""
-    from pathlib import Path
-
+def test_every_committed_gate_is_one_a_current_base_suite_produces() -> None:
+    """results/ holds the current base's gates only (the 0.33.0 ones are in git log): every
+    gate result there ran on vLLM 0.34.0, is named for it (-0.34.0) and is one a base034-*
+    suite, the `long` queue (128k-1M prompts) or the `nvfp4` queue (the 4-bit cache) would
+    produce again; so does every noise file."""
     from gate import plans
 
     results = Path(__file__).resolve().parents[2] / "results"
-    q = _queue("all")
     suites034 = [*_base034_suites(), *plans.QUEUES["long"], *plans.QUEUES["nvfp4"]]
     gates034 = {g for n in suites034 for g in plans.SUITES[n]["gates"]}
+    kinds: Counter[str | None] = Counter()
     for path in results.glob("dcp-gate-*.json"):
         d = json.loads(path.read_text())
+        kinds[d.get("kind")] += 1
+        if d.get("kind") in ("dcp_gate", "dcp_gate_noise"):
+            assert d["base"]["vllm"] == "0.34.0", path.name
         if d.get("kind") == "dcp_gate":
-            gates = gates034 if d["name"].endswith("-0.34.0") else set(q["gates"])
-            assert d["name"] in gates, path.name
+            assert d["name"].endswith("-0.34.0") and d["name"] in gates034, path.name
+    assert kinds["dcp_gate"] and kinds["dcp_gate_noise"], kinds
 
 
 def test_the_graphs_end_queue_runs_the_open_rows_with_their_references() -> None:

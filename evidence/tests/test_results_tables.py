@@ -64,10 +64,10 @@ def test_auto_rule_is_timed_on_every_row_and_follows_the_thresholds():
 
 def test_render_labels_each_table_with_its_base():
     text = results_tables.render()
-    assert "vllm 0.26.0" not in text  # the superseded base's files are gone from results/
-    assert "vllm 0.33.0, `kernel-bench-h200-0.33.0.json`" in text
-    assert "vllm 0.33.0, `dcp-topk-merge-h200-0.33.0.json`" in text
-    assert "`topk-order-h200-0.33.0.json`" in text
+    for old in ("vllm 0.26.0", "vllm 0.33.0"):  # superseded bases' files left results/
+        assert old not in text
+    assert "vllm 0.34.0, `kernel-bench-h200-0.34.0.json`" in text
+    assert "(H100 80GB HBM3, vllm 0.34.0), `serve-smoke-0.34.0.json`" in text
     assert "not timed" not in text  # every auto launch of the committed sweep was timed
 
 
