@@ -131,8 +131,9 @@ H100 = Machine(
     # machine of 16 cores: the socket transport is host-bound, assumed alike on the H100's)
     socket_bytes_s=3.7e9,
     step_overhead_s=0.21,
-    # TP 1: 84 tok/s, TP 2 DCP 2: 20 tok/s (results/dcp-gate-decode-rates.json, the ledger
-    # record); 4 ranks: 1.6-3 tok/s measured beside 8 ranks alive, the slow end taken
+    # TP 1: 84 tok/s, TP 2 DCP 2: 20 tok/s (0.33.0 gate runs: git show
+    # ec36160:results/dcp-gate-decode-rates.json; the ledger record); 4 ranks: 1.6-3 tok/s
+    # measured beside 8 ranks alive, the slow end taken
     decode_step_s={1: 0.02, 2: 0.05, 4: 0.6},
     # 0.34.0 eager TP 4 starts on one H100/H200: 29-121 s (results/); a cold machine's first
     # engines: 295-327 s (design/dcp-gates.md), paid once per lease, not counted here
