@@ -1,15 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """Benchmark the Triton sparse-MLA kernel (fp8_ds_mla records) against FlashMLA-sparse.
 
-Runs on one GPU with the pinned vLLM wheel importable (0.33.0: FlashMLA's sparse fp8 decode
+Runs on one GPU with the pinned vLLM wheel importable (0.34.0: FlashMLA's sparse fp8 decode
 kernel from vllm.v1.attention.ops.flashmla, called as FlashMLASparseImpl calls it) and the
 patched kernel file loaded by path (--kernel-path), so the shipped file is what runs. The
 kernel imports Triton through vllm.triton_utils, so vLLM must be importable.
 
-Device command (one H200; stock vLLM 0.33.0 on PYTHONPATH, patched tree at $TREE):
+Device command (one H200; stock vLLM 0.34.0 on PYTHONPATH, patched tree at $TREE):
     python3 evidence/bench_sparse_mla_kernel.py \
         --kernel-path $TREE/vllm/v1/attention/ops/triton_sparse_mla.py \
-        --git-rev $(git rev-parse --short HEAD) --out results/kernel-bench-h200-0.33.0.json
+        --git-rev $(git rev-parse --short HEAD) --out results/kernel-bench-h200-0.34.0.json
 About 2.5 minutes including Triton JIT (--budget-s, default 150, bounds it; the lead's run:
 `timeout 200 ... --budget-s 170`; --quick: ~1 min).
 
@@ -87,9 +87,10 @@ VARIANTS: dict[str, dict[str, bool]] = {
     "flat_prefetch": dict(flat_records=True, prefetch=True),
     "flat_prefetch_slots": dict(flat_records=True, prefetch_slots=True),
 }
-# (The bf16 dequantisation variants flat_bf16 / flat_prefetch_bf16 timed 2026-12-01 22:38Z,
-# results/kernel-bench-h200-0.33.0.json at 605d99b, were slower and left the kernel; so did
-# flat_fold, the per-128 scales folded into scores and probabilities: slower on every row.)
+# (The bf16 dequantisation variants flat_bf16 / flat_prefetch_bf16 timed 2026-12-01 22:38Z on
+# vLLM 0.33.0, git show e3fa088:results/kernel-bench-h200-0.33.0.json (revision 605d99b), were
+# slower and left the kernel; so did flat_fold, the per-128 scales folded into scores and
+# probabilities: slower on every row.)
 # (block_h, block_n, num_warps, num_stages); the first of each list is today's default
 # on 227 KiB-shared-memory GPUs (_TILINGS_BIG). (16, 64, 8, 2): the 8-warp 16-head tiling
 # without register spills in an offline sm_90 compile (design/triton-sparse-mla.md).

@@ -22,11 +22,11 @@ for stage in "$@"; do
       # alone on the GPU: its times are the figures (--budget-s bounds the sweep)
       timeout "${STAGE_TIMEOUT:-200}" python3 evidence/bench_sparse_mla_kernel.py --git-rev "$DCP_GIT_REV" \
         --kernel-path "$DCP_VLLM_TREE/vllm/v1/attention/ops/triton_sparse_mla.py" \
-        --budget-s "${KERNEL_BUDGET_S:-170}" --out "$RES/kernel-bench-h200-0.33.0.json" > "$RES/kernel-bench.log" 2>&1
+        --budget-s "${KERNEL_BUDGET_S:-170}" --out "$RES/kernel-bench-h200-0.34.0.json" > "$RES/kernel-bench.log" 2>&1
       tail -4 "$RES/kernel-bench.log" | cut -c1-300 ;;
     topk)
       timeout "${STAGE_TIMEOUT:-100}" python3 evidence/bench_dcp_topk.py --vllm-tree "$DCP_VLLM_TREE" \
-        --out "$RES/dcp-topk-merge-h200-0.33.0.json" > "$RES/topk.log" 2>&1
+        --out "$RES/dcp-topk-merge-h200-0.34.0.json" > "$RES/topk.log" 2>&1
       tail -4 "$RES/topk.log" | cut -c1-300 ;;
     nvfp4)
       # alone on the GPU: nvfp4_ds_mla against fp8_ds_mla, same inputs, one run (its ratios
@@ -77,7 +77,7 @@ for stage in "$@"; do
       grep '^== .*: ' "$LOG" ;;
     topk-order)
       # is the indexer top-k repeatable, does its order matter (evidence/repro_topk_order.py)
-      timeout "${STAGE_TIMEOUT:-120}" python3 evidence/repro_topk_order.py --out "$RES/topk-order-h200-0.33.0.json" \
+      timeout "${STAGE_TIMEOUT:-120}" python3 evidence/repro_topk_order.py --out "$RES/topk-order-h200-0.34.0.json" \
         > "$RES/topk-order.log" 2>&1; tail -14 "$RES/topk-order.log" | cut -c1-300 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac

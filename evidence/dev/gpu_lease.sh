@@ -140,7 +140,7 @@ if [ "${1:-}" = land ]; then
       && echo "results/serve-smoke-0.34.0.json"
     [ -f "$d/serve-logs.tgz" ] && cp "$d/serve-logs.tgz" "$A/serve-logs.tgz"
   done
-  for f in kernel-bench-h200-0.33.0.json dcp-topk-merge-h200-0.33.0.json; do
+  for f in kernel-bench-h200-0.34.0.json dcp-topk-merge-h200-0.34.0.json; do
     [ -s "$W/$f" ] && cp "$W/$f" results/ && echo "results/$f"
   done
   for f in "$W"/nvfp4-bench-*-0.34.0.json; do

@@ -113,7 +113,7 @@ def test_first_call_orders_benches_before_gates_and_returns_few_files(tmp_path: 
     files = sorted(p.name for p in out.iterdir())
     assert files == ["kernel.tar.gz", "lease-logs.tgz", "topk.tar.gz"]
     with tarfile.open(out / "kernel.tar.gz") as tar:
-        assert "kernel-bench-h200-0.33.0.json" in tar.getnames()
+        assert "kernel-bench-h200-0.34.0.json" in tar.getnames()
     assert "passed" in log.read_text()
     # what later calls need is off the working tree (the next call replaces it)
     root = tmp_path / "root"
