@@ -1,11 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Generate design/results.md and README.md's status table from the JSON files under results/.
+"""Generate design/results.md, README.md's status table and results/README.md from the JSON
+files under results/.
 
 Docs never carry hand-typed figures: this script renders every table from the files the GPU and
-tool scripts wrote (each holding its command, revision and machine). Run after adding results:
+tool scripts wrote (each holding its command, revision and machine). results/README.md has one
+line per file saying what it shows (by its ``kind``, else by ``NAME_LINES``, else its ``what``),
+where it ran and its revision. Run after adding results:
 
-    python evidence/results_tables.py            # writes design/results.md, README's table
-    python evidence/results_tables.py --check    # exit 1 if either is out of date
+    python evidence/results_tables.py            # writes the three
+    python evidence/results_tables.py --check    # exit 1 if one is out of date or a file
+                                                 # under results/ says nothing of what it shows
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import json
 import re
 import sys
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -1061,22 +1066,31 @@ def _subject_of(key: str) -> str:
     return key
 
 
+def _gate_facts(d: dict[str, Any]) -> tuple[re.Match[str], str, str, str] | None:
+    """A gate record's name match, what it compares, the candidate's backend and the model
+    geometry; None for a record that is not a gate."""
+    m = _GATE_NAME.match(str(d.get("name", "")))
+    if d.get("kind") != "dcp_gate" or not m:
+        return None
+    backend = (d["backend"].get("candidate_used") or ["?"])[0].split("/")[0]
+    model = "V3.2" if m["ckpt"].startswith("v32") else "GLM-5"
+    argv = (d.get("checkpoint") or {}).get("argv") or []
+    heads = argv[argv.index("--heads") + 1] if "--heads" in argv else None
+    if heads:
+        model += f", {heads} heads"
+    return m, _gate_subject(m["rest"] or ""), backend, model
+
+
 def status_rows() -> list[list[str]]:
     """One row per (what is compared, backend, model geometry): per DCP size, whether every
     gate of it is meaningful and equivalent, in which modes, and its largest diff / tolerance."""
     cells: dict[tuple[str, str, str], dict[str, list[tuple[str, bool, float]]]] = {}
     for _, d in load("dcp-gate-*.json"):
-        m = _GATE_NAME.match(str(d.get("name", "")))
-        if d.get("kind") != "dcp_gate" or not m:
+        facts = _gate_facts(d)
+        if facts is None:
             continue
-        backend = (d["backend"].get("candidate_used") or ["?"])[0].split("/")[0]
-        model = "V3.2" if m["ckpt"].startswith("v32") else "GLM-5"
-        argv = (d.get("checkpoint") or {}).get("argv") or []
-        heads = argv[argv.index("--heads") + 1] if "--heads" in argv else None
-        if heads:
-            model += f", {heads} heads"
-        base = _gate_base(d)
-        key = (base, _gate_subject(m["rest"] or ""), backend, model)
+        m, subject, backend, model = facts
+        key = (_gate_base(d), subject, backend, model)
         mode = "graphs" if d["dcp"]["candidate"].get("graphs") else "eager"
         diff, tol = d.get("max_abs_logprob_diff"), d["tolerance"]["atol_logprob"]
         ok = bool(d.get("meaningful") and d.get("equivalent"))
@@ -1353,6 +1367,227 @@ def nvfp4_section() -> list[str]:
     return out
 
 
+# -- results/README.md: one line per file ------------------------------------------------------
+
+
+def _n(x: Any) -> int:
+    return len(x) if isinstance(x, (list, dict)) else 0
+
+
+def _count(x: Any, noun: str) -> str:
+    """``len(x)`` with its noun: "1 run", "4 runs"."""
+    return f"{_n(x)} {noun}" + ("" if _n(x) == 1 else "s")
+
+
+def _gate_line(d: dict[str, Any]) -> str:
+    facts = _gate_facts(d)
+    if facts is None:
+        return f"DCP gate `{d.get('name')}`"
+    m, subject, backend, model = facts
+    mode = "graphs" if d["dcp"]["candidate"].get("graphs") else "eager"
+    kind = d.get("gate_kind", "dcp")
+    return (
+        f"DCP gate ({kind}): {subject}, {backend}, {model}, TP {m['tp']} DCP {m['dcp']} {mode}; "
+        f"equivalent {d.get('equivalent')}, meaningful {d.get('meaningful')}"
+    )
+
+
+def _memory_line(d: dict[str, Any]) -> str:
+    cap = _n(d.get("capacity"))
+    return (
+        f"DCP memory test of {_count(d.get('runs'), 'run')}: step peaks against the profiled "
+        f"peak + KV pool (all DCP runs within: {d.get('all_within')}, controls caught: "
+        f"{d.get('controls_caught')})" + (f"; KV capacity of {cap} runs" if cap else "")
+    )
+
+
+# What a record of each ``kind`` shows, from its own fields.
+KIND_LINES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "dcp_gate": _gate_line,
+    "dcp_gate_noise": lambda d: (
+        f"noise floor and tolerance of checkpoint {d.get('checkpoint')}: "
+        f"{_count(d.get('noise_pairs'), 'noise pair')}, the sensitivity of "
+        f"{_count(d.get('sensitivity'), 'run')}"
+    ),
+    "dcp_gate_run": lambda d: (
+        f"run record of `{d.get('name')}` ({d.get('variant')}, TP {d['config'].get('tp')} DCP "
+        f"{d['config'].get('dcp')}, passes {', '.join(d['config'].get('passes') or [])}): "
+        "what the gate and ledger reports read"
+    ),
+    "dcp_comm_ledger": lambda d: (
+        f"per-layer DCP communication ledger (entries {', '.join(d.get('entries') or {})}; "
+        f"{_n(d.get('prompts'))} prompts): wire bytes per rank and phase"
+        + ("; the ledger's observer check" if d.get("observer_check") else "")
+    ),
+    "dcp_memory": _memory_line,
+    "dcp_gate_needle_calibration": lambda d: (
+        f"needle calibration over prompt length, {_count(d.get('runs'), 'run')}: whether the "
+        "first token is the checkpoint's answer with and without the needle, the first-step move"
+    ),
+    "dcp_gate_ckpt_check": lambda d: (
+        f"layer 0 of {_n(d.get('checkpoints'))} gate checkpoints on CPU: the needle's rank in the "
+        "indexer scores and its attention weight"
+    ),
+    "dcp-gate-ckpt-reference": lambda d: (
+        f"CPU fp32 forward of checkpoint `{' '.join(d['checkpoint_args'][:2])}`"
+        f"{' ...' if len(d['checkpoint_args']) > 2 else ''} at "
+        f"{', '.join(k.split('/')[1].split('~')[0] for k in d['per_prompt'])} tokens: predicted "
+        f"sensitivity, {fmt(d.get('predicted_over_tolerance'), 3)}x the predicted tolerance"
+    ),
+    "dcp_topk_merge_cutedsl_compile": lambda d: (
+        f"vLLM's CuTe DSL DCP top-k merge compiled offline (no GPU) for "
+        f"{', '.join(a for a, ok in d['compiled_by_arch'].items() if ok)}"
+    ),
+    "dcp_topk_merge_034": lambda d: (
+        f"the dropped Triton/torch DCP top-k merges (0004) against CuTe DSL on rank-major "
+        f"candidates: {d['summary'].get('local_identical')}/{d['summary'].get('local_cases')} "
+        "cases identical, merge time ratios"
+    ),
+    "upstream-baseline": lambda d: (
+        f"stock vLLM {d['base'].get('version')}'s own tests selected by the series' touched "
+        f"files, on CPU: {_n(d.get('covered'))} files covered, outcomes per test id "
+        f"({', '.join(f'{k} {v}' for k, v in sorted(d['totals'].items()))})"
+    ),
+}
+
+# What a record without a ``kind`` shows, by file name (``fnmatch`` patterns, first match).
+NAME_LINES: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+    (
+        "kernel-bench-*.json",
+        lambda d: (
+            f"Triton sparse-MLA kernel (0002) vs FlashMLA-sparse on fp8_ds_mla: "
+            f"{_n(d.get('decode'))} decode and {_n(d.get('extend'))} extend rows, CUDA-graph "
+            "replayed and eager, with the sweep of launch plans"
+        ),
+    ),
+    (
+        "export-check-*.json",
+        lambda d: (
+            f"`patchset export --check`: each of {_n(d.get('patches'))} patches standalone on "
+            f"vLLM {d['bases']['vllm'].get('version')} (+ its Depends-on) with its own tests"
+        ),
+    ),
+    (
+        "rebase-*.json",
+        lambda d: (
+            f"`patchset rebase` dry-run {d['from']['version']} -> {d['onto']['version']}: per "
+            f"patch clean, merged or conflicting ("
+            + ", ".join(f"{k} {v}" for k, v in sorted(d["summary"].items()))
+            + ")"
+        ),
+    ),
+    (
+        "dcp-fp8-wire-*.json",
+        lambda d: (
+            f"the dropped fp8 DCP wire (0008) against bf16 collectives, {_n(d.get('rows'))} "
+            "rows: time, wire and transient bytes per case"
+        ),
+    ),
+    (
+        "nvfp4-accuracy-*.json",
+        lambda d: (
+            f"nvfp4_ds_mla (pending patches) vs fp8_ds_mla accuracy against the fp32 reference "
+            f"in {_n(d.get('regimes'))} activation regimes, bytes per token"
+        ),
+    ),
+]
+
+
+def _first_gpu(d: dict[str, Any]) -> str | None:
+    """The GPU a record names (``machine.gpus``, ``machine.gpu`` or ``device``), else None."""
+    m = d.get("machine") if isinstance(d.get("machine"), dict) else {}
+    name = None
+    if m.get("gpus"):
+        first = m["gpus"][0]
+        name = first.get("name") if isinstance(first, dict) else first
+    name = name or m.get("gpu") or d.get("device")
+    if not name or str(name).lower() == "cpu":
+        return None
+    return str(name).removeprefix("NVIDIA ")
+
+
+def _ranks_shared_one_gpu(d: dict[str, Any]) -> bool:
+    """Whether a record's ranks shared one GPU: its timing label or transport says so, it
+    records an ``emulation``, or a noise record on one GPU pairs runs of TP > 1."""
+    transport = d.get("transport") or []
+    labels = [str(d.get("timing_label") or "")]
+    labels += [transport] if isinstance(transport, str) else [str(t) for t in transport]
+    if any("one-GPU emulation" in t for t in labels) or d.get("emulation"):
+        return True
+    gpus = ((d.get("machine") or {}) if isinstance(d.get("machine"), dict) else {}).get("gpus")
+    tps = [int(t) for k in d.get("noise_pairs") or {} for t in re.findall(r"TP=(\d+)", k)]
+    return d.get("kind") == "dcp_gate_noise" and len(gpus or []) == 1 and max(tps, default=1) > 1
+
+
+def where_ran(d: dict[str, Any]) -> str:
+    """Where a record was measured: its GPU (and "one-GPU emulation" where its ranks shared
+    it), else CPU (every GPU script records its GPU); a CPU report of emulated runs says so."""
+    gpu = _first_gpu(d)
+    shared = _ranks_shared_one_gpu(d)
+    if gpu is None:
+        return "CPU (a report of one-GPU emulation runs)" if shared else "CPU"
+    return gpu + (", one-GPU emulation" if shared else "")
+
+
+def describe(name: str, d: Any) -> str | None:
+    """What ``results/<name>`` shows, from its data: by its ``kind``, else by its file name,
+    else its own ``what``; None when nothing explains it (``--check`` fails then)."""
+    if not isinstance(d, dict):
+        return None
+    line = None
+    if d.get("kind") in KIND_LINES:
+        line = KIND_LINES[d["kind"]](d)
+    else:
+        for pattern, fn in NAME_LINES:
+            if fnmatch(Path(name).name, pattern):
+                line = fn(d)
+                break
+    if line is None and isinstance(d.get("what"), str):
+        line = d["what"]
+    return line
+
+
+def results_files() -> list[Path]:
+    """Every file under results/ but its README, sorted by path."""
+    return sorted(
+        p for p in RESULTS.rglob("*") if p.is_file() and p.relative_to(RESULTS) != Path("README.md")
+    )
+
+
+def results_readme() -> tuple[str, list[str]]:
+    """results/README.md, and the files it could not explain."""
+    rows, unexplained = [], []
+    for path in results_files():
+        name = path.relative_to(RESULTS).as_posix()
+        try:
+            d = json.loads(path.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            d = None
+        line = describe(name, d)
+        if line is None:
+            unexplained.append(name)
+            continue
+        rev = revision(d)
+        rows.append(
+            [
+                f"`{name}`",
+                line.replace("|", "/").replace("\n", " "),
+                where_ran(d),
+                "-" if rev == "unknown" else rev,
+            ]
+        )
+    lines = [
+        "# results/",
+        "",
+        "Generated by `python evidence/results_tables.py` from the files beside it; do not edit.",
+        "One JSON per measurement on the current base (earlier bases' files are in git log); the",
+        "tables of their figures are in [design/results.md](../design/results.md).",
+        "",
+        *table(["file", "what it shows", "where it ran", "revision"], rows),
+    ]
+    return "\n".join(lines).rstrip() + "\n", unexplained
+
+
 def render() -> str:
     lines = [
         "# Evidence tables",
@@ -1380,18 +1615,26 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="fail if a file is out of date")
     args = ap.parse_args(argv)
-    outputs = {OUT: render(), README: readme_with_status(README.read_text())}
+    listing, unexplained = results_readme()
+    for name in unexplained:
+        print(f"results/{name}: nothing says what it shows (a `kind`, a `what` or a NAME_LINES")
+        print("  pattern in evidence/results_tables.py)")
+    outputs = {
+        OUT: render(),
+        README: readme_with_status(README.read_text()),
+        RESULTS / "README.md": listing,
+    }
     stale = [
         path for path, text in outputs.items() if not path.is_file() or path.read_text() != text
     ]
     if args.check:
         for path in stale:
             print(f"{path.relative_to(REPO)} is out of date: run evidence/results_tables.py")
-        return 1 if stale else 0
+        return 1 if stale or unexplained else 0
     for path in stale:
         path.write_text(outputs[path])
         print(f"wrote {path.relative_to(REPO)}")
-    return 0
+    return 1 if unexplained else 0
 
 
 if __name__ == "__main__":

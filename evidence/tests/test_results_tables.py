@@ -227,3 +227,84 @@ def test_distance_table_states_the_ratios_without_a_verdict():
     (row,) = [x for x in lines if x.startswith("| `dcp-distance-x.json`")]
     assert "| nvfp4_ds_mla vs fp8_ds_mla | 0.5 | 0.25 | 10.00 | 2.00 | - | False | abc |" in row
     assert not any("equivalent" in x.lower() or "verdict" in x.lower() for x in lines)
+
+
+def test_results_readme_has_a_line_per_file_and_is_current():
+    """results/README.md is what the renderer writes now: one row per file under results/
+    (nested run records included), each with what it shows and where it ran; nothing there
+    lacks a description."""
+    text, unexplained = results_tables.results_readme()
+    assert unexplained == []
+    readme = results_tables.RESULTS / "README.md"
+    assert readme.read_text() == text, "results/README.md is stale: run evidence/results_tables.py"
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    names = [
+        f.relative_to(results_tables.RESULTS).as_posix() for f in results_tables.results_files()
+    ]
+    assert [row.split("`")[1] for row in rows] == names
+    assert "dcp-gate-runs/base034-ledger/runs/p-glmn-tp2-dcp2-ledger.json" in names
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split(" | ")]
+        assert len(cells) == 4 and all(cells), row
+    gate = next(r for r in rows if "`dcp-gate-p-glmn-tp2-dcp2-ckv-0.34.0.json`" in r)
+    assert "packed-CKV prefill route vs DCP = 1" in gate and "H200, one-GPU emulation" in gate
+    assert "| CPU |" in next(r for r in rows if "`export-check-vllm-0.34.0.json`" in r)
+
+
+def test_every_result_is_on_the_pinned_base():
+    """results/ holds the current base's results only: a vLLM version in a file's name or its
+    recorded base is the one pins.toml pins (earlier bases' files are in git log)."""
+    import json
+    import re
+    import tomllib
+
+    pins = tomllib.loads((results_tables.REPO / "pins.toml").read_text())
+    pinned = pins["vllm"]["sdist"]["requirement"].split("==")[1]
+    checked = 0
+    for path in results_tables.results_files():
+        versions = set(re.findall(r"\d+\.\d+\.\d+", path.name))
+        base = results_tables.base_of(json.loads(path.read_text()))
+        versions |= set(re.findall(r"\d+\.\d+\.\d+", base))
+        assert versions <= {pinned}, (path.name, versions)
+        checked += bool(versions)
+    assert checked > 50
+
+
+def test_check_fails_on_an_unexplained_or_stale_file(tmp_path, monkeypatch, capsys):
+    """--check fails when a results file has nothing that says what it shows (no `kind` the
+    renderer knows, no `what`, no file-name pattern) and when results/README.md is stale;
+    writing refuses the unexplained file too."""
+    import json
+
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "serve-smoke-x.json").write_text(
+        json.dumps({"kind": "dcp_gate_ckpt_check", "checkpoints": {"a": {}}, "revision": "abc"})
+    )
+    readme = tmp_path / "README.md"
+    markers = f"{results_tables.STATUS_BEGIN}\n{results_tables.STATUS_END}\n"
+    readme.write_text(markers)
+    monkeypatch.setattr(results_tables, "REPO", tmp_path)
+    monkeypatch.setattr(results_tables, "RESULTS", results)
+    monkeypatch.setattr(results_tables, "OUT", tmp_path / "results.md")
+    monkeypatch.setattr(results_tables, "README", readme)
+    monkeypatch.setattr(results_tables, "render", lambda: "tables\n")
+    monkeypatch.setattr(results_tables, "status_block", lambda: markers)
+    assert results_tables.main([]) == 0
+    assert results_tables.main(["--check"]) == 0
+    assert "layer 0 of 1 gate checkpoints" in (results / "README.md").read_text()
+
+    (results / "mystery.json").write_text(json.dumps({"figures": [1, 2]}))
+    capsys.readouterr()
+    assert results_tables.main(["--check"]) == 1
+    assert "results/mystery.json: nothing says what it shows" in capsys.readouterr().out
+    assert results_tables.main([]) == 1  # written without it, still refused
+    assert "mystery.json" not in (results / "README.md").read_text()
+
+    (results / "mystery.json").write_text(json.dumps({"what": "a described measurement"}))
+    assert results_tables.main(["--check"]) == 1  # explained now, but the README is stale
+    assert results_tables.main([]) == 0 and results_tables.main(["--check"]) == 0
+    assert (
+        "| `mystery.json` | a described measurement | CPU | - |"
+        in (results / "README.md").read_text()
+    )
