@@ -585,7 +585,7 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
             transport=sorted({runs[n].get("transport") for n in mem["runs"]} - {None}),
         )
         # one file per suite or queue: a report of another suite never replaces it
-        path = out / f"dcp-memory-{suite.get('name') or 'suite'}.json"
+        path = out / memory.result_name(suite.get("name"))
         written.append(_write_result(path, mem, memory.validate, "memory test"))
         print(
             f"MEMORY all_within={mem['all_within']} controls_caught={mem['controls_caught']} "

@@ -442,6 +442,12 @@ def longest_served(run: dict[str, Any]) -> int | None:
     return max((run.get("config") or {}).get("lens") or [], default=None)
 
 
+def result_name(suite: str | None) -> str:
+    """The memory result's file name for a suite or queue: ``dcp-memory-<name>.json``, a
+    leading ``memory-`` of the name dropped (suite ``memory-dcp`` -> ``dcp-memory-dcp.json``)."""
+    return f"dcp-memory-{(suite or 'suite').removeprefix('memory-')}.json"
+
+
 def memory_result(runs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     """The memory test over the runs that carry memory records (None when none does)."""
     probed = {

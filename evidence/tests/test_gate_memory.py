@@ -738,3 +738,13 @@ def test_the_attention_rule_compares_each_layer_class_with_itself():
     v = memory.memory_result({"m-dcp2": r})["runs"]["m-dcp2"]
     assert v["attention_within"] is False
     assert v["ranks"][0]["prefill"]["layer_step_bytes"] == GIB
+
+
+def test_memory_result_is_named_for_its_suite_without_a_second_memory():
+    """A memory result is named for the suite or queue it reports, without the suite name's
+    own leading "memory-" (dcp-memory-dcp.json, not dcp-memory-memory-dcp.json)."""
+    assert memory.result_name("memory-dcp") == "dcp-memory-dcp.json"
+    assert memory.result_name("memory-v32n-dcp4") == "dcp-memory-v32n-dcp4.json"
+    assert memory.result_name("capacity-dcp") == "dcp-memory-capacity-dcp.json"
+    assert memory.result_name("long") == "dcp-memory-long.json"
+    assert memory.result_name(None) == "dcp-memory-suite.json"
