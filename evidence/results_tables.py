@@ -1443,6 +1443,15 @@ KIND_LINES: dict[str, Callable[[dict[str, Any]], str]] = {
         f"candidates: {d['summary'].get('local_identical')}/{d['summary'].get('local_cases')} "
         "cases identical, merge time ratios"
     ),
+    "upstream-tests": lambda d: (
+        f"vLLM {d['base'].get('version')}'s own tests on the patched side against the stock "
+        f"baseline, per test id: {_count(d.get('regressions'), 'regression')}, verdict "
+        f"{d.get('verdict')}"
+    ),
+    "topk_order_repro": lambda d: (
+        f"whether the indexer top-k order repeats ({_count(d.get('order'), 'case')}), whether "
+        "FlashMLA sparse decode depends on it, and what a per-row sort costs"
+    ),
     "upstream-baseline": lambda d: (
         f"stock vLLM {d['base'].get('version')}'s own tests selected by the series' touched "
         f"files, on CPU: {_n(d.get('covered'))} files covered, outcomes per test id "
@@ -1474,6 +1483,21 @@ NAME_LINES: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
             f"patch clean, merged or conflicting ("
             + ", ".join(f"{k} {v}" for k, v in sorted(d["summary"].items()))
             + ")"
+        ),
+    ),
+    (
+        "bench_tool-*.json",
+        lambda d: (
+            f"patchset apply+verify and overlay wheel times ({', '.join(d['figures'])}) for "
+            f"{d['series'].get('vllm_patches')} vLLM patches, against their targets"
+        ),
+    ),
+    (
+        "dcp-topk-merge-*.json",
+        lambda d: (
+            f"the DCP global top-k merge, Triton and torch against CuTe DSL: "
+            f"{d['summary'].get('cases_identical')}/{d['summary'].get('cases')} cases identical, "
+            "merge time ratios"
         ),
     ),
     (
