@@ -1519,7 +1519,7 @@ NAME_LINES: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
 
 def _first_gpu(d: dict[str, Any]) -> str | None:
     """The GPU a record names (``machine.gpus``, ``machine.gpu`` or ``device``), else None."""
-    m = d.get("machine") if isinstance(d.get("machine"), dict) else {}
+    m: dict[str, Any] = d["machine"] if isinstance(d.get("machine"), dict) else {}
     name = None
     if m.get("gpus"):
         first = m["gpus"][0]
