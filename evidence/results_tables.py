@@ -1401,6 +1401,52 @@ def _memory_line(d: dict[str, Any]) -> str:
     )
 
 
+def _distance_line(d: dict[str, Any]) -> str:
+    """A distance record (``verdict.distance_result``): two runs compared as the gates compare,
+    with no tolerance; the figures over the tolerance and the noise floor are stated, not
+    judged."""
+    cand = (d.get("runs") or {}).get("candidate") or {}
+    kv = d.get("backend") or {}
+    scale = d.get("scale") or {}
+    prompts = ((d.get("tokens_exact") or {}).get("prompts") or {}).values()
+    exact = [bool((t or {}).get("exact")) for t in prompts]
+    return (
+        f"measured distance `{d.get('name')}`, not a gate: the "
+        f"{kv.get('candidate_kv_cache_dtype')} run against the {kv.get('reference_kv_cache_dtype')}"
+        f" one ({cand.get('backend')}, TP {cand.get('tp')} DCP {cand.get('dcp')} "
+        f"{'graphs' if cand.get('graphs') else 'eager'}): largest log-prob difference "
+        f"{fmt(d.get('max_abs_logprob_diff'))}, {ratio(scale.get('ratio_to_tolerance'))}x the "
+        f"tolerance, {ratio(scale.get('ratio_to_noise_floor'))}x the noise floor; greedy tokens "
+        f"exact in {sum(exact)}/{len(exact)} prompts"
+    )
+
+
+def _nvfp4_accuracy_line(d: dict[str, Any]) -> str:
+    """An nvfp4_accuracy.py record: both KV record formats against bf16 attention."""
+    kernel = " and the shipped kernel's own rounding" if (d.get("args") or {}).get("kernel") else ""
+    sizes = ", ".join(f"{k} {v}" for k, v in (d.get("bytes_per_token") or {}).items())
+    return (
+        f"nvfp4_ds_mla (0013/0014) beside fp8_ds_mla: sparse-MLA output and LSE errors against "
+        f"bf16 attention in {_n(d.get('regimes'))} activation regimes "
+        f"({', '.join(d.get('regimes') or {})}){kernel}; bytes per token {sizes}"
+    )
+
+
+def _nvfp4_compile_line(d: dict[str, Any]) -> str:
+    """An nvfp4_compile_check.py record: each nvfp4_ds_mla launch compiled for one target."""
+    rows = d.get("rows") or []
+    kernels = [r for r in rows if r.get("kernel") == "sparse_mla_nvfp4"]
+    caps = sorted({f"sm_{r['capability']}" for r in rows if "capability" in r})
+    fits = "all compile and fit" if d.get("failed") == 0 else f"{d.get('failed')} failed"
+    return (
+        f"nvfp4_ds_mla Triton launches (0013) compiled offline for {', '.join(caps) or '?'}, "
+        f"no GPU: sparse-MLA launches {len(kernels)}, cache-writer launches "
+        f"{len(rows) - len(kernels)}, {fits}; "
+        f"registers up to {max((r.get('registers', 0) for r in kernels), default=0)}, spills up "
+        f"to {max((r.get('stack_bytes', 0) for r in kernels), default=0)} B; not timings"
+    )
+
+
 # What a record of each ``kind`` shows, from its own fields.
 KIND_LINES: dict[str, Callable[[dict[str, Any]], str]] = {
     "dcp_gate": _gate_line,
@@ -1452,6 +1498,8 @@ KIND_LINES: dict[str, Callable[[dict[str, Any]], str]] = {
         f"whether the indexer top-k order repeats ({_count(d.get('order'), 'case')}), whether "
         "FlashMLA sparse decode depends on it, and what a per-row sort costs"
     ),
+    "dcp_gate_distance": _distance_line,
+    "nvfp4-ds-mla-compile": _nvfp4_compile_line,
     "upstream-baseline": lambda d: (
         f"stock vLLM {d['base'].get('version')}'s own tests selected by the series' touched "
         f"files, on CPU: {_n(d.get('covered'))} files covered, outcomes per test id "
@@ -1509,10 +1557,7 @@ NAME_LINES: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
     ),
     (
         "nvfp4-accuracy-*.json",
-        lambda d: (
-            f"nvfp4_ds_mla (pending patches) vs fp8_ds_mla accuracy against the fp32 reference "
-            f"in {_n(d.get('regimes'))} activation regimes, bytes per token"
-        ),
+        _nvfp4_accuracy_line,
     ),
 ]
 

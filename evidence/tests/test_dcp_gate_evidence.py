@@ -431,7 +431,8 @@ def test_every_committed_gate_is_one_a_current_base_suite_produces() -> None:
     """results/ holds the current base's gates only (the 0.33.0 ones are in git log): every
     gate result there ran on vLLM 0.34.0, is named for it (-0.34.0) and is one a base034-*
     suite, the `long` queue (128k-1M prompts) or the `nvfp4` queue (the 4-bit cache) would
-    produce again; so does every noise file."""
+    produce again; so does every noise file, and every distance file (dcp-distance-*.json,
+    measured beside the nvfp4 gates)."""
     from gate import plans
 
     results = Path(__file__).resolve().parents[2] / "results"
@@ -446,6 +447,12 @@ def test_every_committed_gate_is_one_a_current_base_suite_produces() -> None:
         if d.get("kind") == "dcp_gate":
             assert d["name"].endswith("-0.34.0") and d["name"] in gates034, path.name
     assert kinds["dcp_gate"] and kinds["dcp_gate_noise"], kinds
+    distances034 = {k for n in suites034 for k in plans.SUITES[n].get("distances") or {}}
+    assert distances034  # the nvfp4 queue states one
+    for path in results.glob("dcp-distance-*.json"):
+        d = json.loads(path.read_text())
+        assert d["kind"] == "dcp_gate_distance" and d["base"]["vllm"] == "0.34.0", path.name
+        assert d["name"].endswith("-0.34.0") and d["name"] in distances034, path.name
 
 
 def test_the_graphs_end_queue_runs_the_open_rows_with_their_references() -> None:

@@ -326,3 +326,54 @@ def test_the_writers_records_without_a_committed_file_get_a_line():
     )
     assert d("bench_tool.json", tool) is None  # the name pattern is the writer's: bench_tool-<UTC>
     assert d("x.json", {"kind": "unknown"}) is None and d("x.log", None) is None
+
+
+def test_the_nvfp4_records_and_a_distance_get_lines_from_their_data():
+    """The nvfp4 accuracy and compile records say what they show from their own figures (the
+    regimes, bytes per token; the target, its launches and whether all fit), and a distance
+    record (kind dcp_gate_distance, written by `dcp_gate.py report` once the nvfp4 queue runs)
+    states its two caches, its largest difference over the tolerance and the noise floor, and
+    that it is not a gate."""
+    import json
+
+    from gate import verdict
+
+    d = results_tables.describe
+    (name, acc), *_ = results_tables.load("nvfp4-accuracy-*.json")
+    line = d(name, acc)
+    assert line.startswith("nvfp4_ds_mla (0013/0014) beside fp8_ds_mla")
+    assert "against bf16 attention" in line
+    assert all(r in line for r in acc["regimes"]) and "nvfp4_ds_mla 352" in line
+    for name, comp in results_tables.load("nvfp4-compile-*.json"):
+        cap = comp["rows"][0]["capability"]
+        assert f"compiled offline for sm_{cap}, no GPU" in d(name, comp)
+        assert "all compile and fit" in d(name, comp)
+        assert results_tables.where_ran(comp) == "CPU"
+    broken = {**comp, "failed": 2}
+    assert "2 failed" in d(name, broken) and "all compile and fit" not in d(name, broken)
+
+    cand = {"backend": "TRITON_MLA_SPARSE_FP8_DS_MLA", "tp": 1, "dcp": 1, "graphs": False}
+    exact = {"all_exact": False, "prompts": {"a": {"exact": True}, "b": {"exact": False}}}
+    dist = {
+        "kind": verdict.DISTANCE_KIND,
+        "name": "p-glmn-tp1-nvfp4-vs-fp8-0.34.0",
+        "runs": {"reference": {}, "candidate": cand},
+        "backend": {
+            "reference_kv_cache_dtype": "fp8_ds_mla",
+            "candidate_kv_cache_dtype": "nvfp4_ds_mla",
+        },
+        "prompts": {},
+        "max_abs_logprob_diff": 0.25,
+        "max_first_step_abs_logprob_diff": 0.1,
+        "tokens_exact": exact,
+        "note": verdict.DISTANCE_NOTE,
+        "scale": {"ratio_to_tolerance": 1.5, "ratio_to_noise_floor": 12.0},
+        "machine": {"gpus": ["NVIDIA H100 80GB HBM3"]},
+        "timing_label": "one-GPU emulation (socket transport)",
+    }
+    assert verdict.validate_distance(dist) == []
+    line = d("dcp-distance-p-glmn-tp1-nvfp4-vs-fp8-0.34.0.json", json.loads(json.dumps(dist)))
+    assert "not a gate: the nvfp4_ds_mla run against the fp8_ds_mla one" in line
+    assert "TP 1 DCP 1 eager" in line and "difference 0.25, 1.50x the tolerance" in line
+    assert "12.00x the noise floor" in line and "exact in 1/2 prompts" in line
+    assert results_tables.where_ran(dist) == "H100 80GB HBM3, one-GPU emulation"
