@@ -1489,11 +1489,6 @@ KIND_LINES: dict[str, Callable[[dict[str, Any]], str]] = {
         f"candidates: {d['summary'].get('local_identical')}/{d['summary'].get('local_cases')} "
         "cases identical, merge time ratios"
     ),
-    "upstream-tests": lambda d: (
-        f"vLLM {d['base'].get('version')}'s own tests on the patched side against the stock "
-        f"baseline, per test id: {_count(d.get('regressions'), 'regression')}, verdict "
-        f"{d.get('verdict')}"
-    ),
     "topk_order_repro": lambda d: (
         f"whether the indexer top-k order repeats ({_count(d.get('order'), 'case')}), whether "
         "FlashMLA sparse decode depends on it, and what a per-row sort costs"
@@ -1616,10 +1611,19 @@ def describe(name: str, d: Any) -> str | None:
     return line
 
 
+RUN_OUTPUTS = ("upstream-tests-*.json",)
+"""Files that every ``make test`` writes into results/ (the upstream check's per-run record,
+tests/upstream_tests.py) and that are never committed (.gitignore): not measurements."""
+
+
 def results_files() -> list[Path]:
-    """Every file under results/ but its README, sorted by path."""
+    """Every file under results/ but its README and the per-run outputs, sorted by path."""
     return sorted(
-        p for p in RESULTS.rglob("*") if p.is_file() and p.relative_to(RESULTS) != Path("README.md")
+        p
+        for p in RESULTS.rglob("*")
+        if p.is_file()
+        and p.relative_to(RESULTS) != Path("README.md")
+        and not any(p.match(pattern) for pattern in RUN_OUTPUTS)
     )
 
 

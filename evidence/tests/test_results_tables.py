@@ -311,14 +311,12 @@ def test_check_fails_on_an_unexplained_or_stale_file(tmp_path, monkeypatch, caps
 
 
 def test_the_writers_records_without_a_committed_file_get_a_line():
-    """Records the lab's scripts write but results/ holds none of now (`make bench-tool`,
-    `make upstream-tests`, the top-k benches) get a line, so writing one does not fail the
-    check; a record with none of kind, what or a known name gets none."""
+    """Records the lab's scripts write but results/ holds none of now (`make bench-tool`, the
+    top-k benches) get a line, so writing one does not fail the check; a record with none of
+    kind, what or a known name gets none."""
     d = results_tables.describe
     tool = {"figures": {"apply_verify": {}, "wheel": {}}, "series": {"vllm_patches": 10}}
     assert "10 vLLM patches" in d("bench_tool-20270101T000000Z.json", tool)
-    upstream = {"kind": "upstream-tests", "base": {"version": "0.34.0"}, "regressions": []}
-    assert "0 regressions, verdict None" in d("upstream-tests-0.34.0.json", upstream)
     merge = {"summary": {"cases": 4, "cases_identical": 4}}
     assert "4/4 cases identical" in d("dcp-topk-merge-h200-0.34.0.json", merge)
     assert "1 case)" in d(
@@ -377,3 +375,12 @@ def test_the_nvfp4_records_and_a_distance_get_lines_from_their_data():
     assert "TP 1 DCP 1 eager" in line and "difference 0.25, 1.50x the tolerance" in line
     assert "12.00x the noise floor" in line and "exact in 1/2 prompts" in line
     assert results_tables.where_ran(dist) == "H100 80GB HBM3, one-GPU emulation"
+
+
+def test_the_upstream_checks_run_record_is_not_listed(tmp_path, monkeypatch):
+    """The record every `make test` writes into results/ (upstream-tests-<version>.json) is a
+    run output, not a committed measurement: the README neither lists nor needs it."""
+    (tmp_path / "upstream-tests-0.34.0.json").write_text('{"kind": "upstream-tests"}')
+    (tmp_path / "x.json").write_text("{}")
+    monkeypatch.setattr(results_tables, "RESULTS", tmp_path)
+    assert [p.name for p in results_tables.results_files()] == ["x.json"]
