@@ -1513,6 +1513,15 @@ NAME_LINES: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
         ),
     ),
     (
+        "nvfp4-bench-*.json",
+        lambda d: (
+            f"nvfp4_ds_mla (0013) vs fp8_ds_mla Triton sparse-MLA kernel time on one GPU: "
+            f"{_n(d.get('decode'))} decode and {_n(d.get('extend'))} extend shapes, the Triton "
+            f"writer vs the CUDA fp8 writer at {_n(d.get('writer'))} token counts, tokens per "
+            "KV byte (arithmetic)"
+        ),
+    ),
+    (
         "export-check-*.json",
         lambda d: (
             f"`patchset export --check`: each of {_n(d.get('patches'))} patches standalone on "
