@@ -1,4 +1,5 @@
-"""The data model: frozen records for patches, diffs, the lock and the in-tree state.
+"""The data model: frozen records for patches, diffs, the lock, the in-tree state and the
+overlay wheel.
 
 Nothing here reads or writes files; parsing lives in ``patchfile``/``diffparse``/``series``,
 I/O in ``apply``/``state``/``lockfile``. Byte content is ``bytes``; hashes are sha256 hex.
@@ -7,6 +8,7 @@ I/O in ``apply``/``state``/``lockfile``. Byte content is ``bytes``; hashes are s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 TARGETS: tuple[str, ...] = ("vllm", "b12x")
@@ -196,3 +198,32 @@ class TreeState:
             for image in applied.images.files:
                 out[image.path] = (image.post, applied.name)
         return out
+
+
+@dataclass(frozen=True)
+class OverlayFile:
+    """A package file the series changes: the wheel gets ``sha256`` (None: it is removed)."""
+
+    path: str
+    op: FileOp
+    sha256: str | None
+    patches: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Overlay:
+    """What the series does to the wheel: package files laid over, tree files not carried."""
+
+    files: tuple[OverlayFile, ...]
+    not_carried: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BuiltWheel:
+    """A verified overlay wheel."""
+
+    path: Path
+    sha256: str
+    version: str
+    base_version: str
+    overlay: Overlay

@@ -10,14 +10,11 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import __version__
-from .model import Patch
+from .model import BuiltWheel, Patch
 from .pins import Pin
-
-if TYPE_CHECKING:
-    from .wheel import BuiltWheel
 
 SCHEMA_VERSION = 1
 

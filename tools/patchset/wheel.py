@@ -35,7 +35,7 @@ from typing import BinaryIO
 
 from .errors import NativeSourceError, WheelError
 from .hashing import sha256_file
-from .model import FileOp, Patch
+from .model import BuiltWheel, FileOp, Overlay, OverlayFile, Patch
 from .pins import Pin, wheel_arch
 from .record import RecordEntry, check_member, index, parse_record, write_record
 from .tempfiles import locked_temp, remove_stale
@@ -105,38 +105,6 @@ def refuse_native(patches: Sequence[Patch]) -> None:
             details=problems,
             hint="keep native changes out of the series (Python only), or build vLLM from source",
         )
-
-
-# --------------------------------------------------------------------------- model
-
-
-@dataclass(frozen=True)
-class OverlayFile:
-    """A package file the series changes: the wheel gets ``sha256`` (None: it is removed)."""
-
-    path: str
-    op: FileOp
-    sha256: str | None
-    patches: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Overlay:
-    """What the series does to the wheel: package files laid over, tree files not carried."""
-
-    files: tuple[OverlayFile, ...]
-    not_carried: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class BuiltWheel:
-    """A verified overlay wheel."""
-
-    path: Path
-    sha256: str
-    version: str
-    base_version: str
-    overlay: Overlay
 
 
 def series_digest(patches: Sequence[Patch]) -> str:
