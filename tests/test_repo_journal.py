@@ -148,7 +148,7 @@ def test_an_import_started_during_another_waits_and_takes_the_next_number(
     it must wait for the checkout's lock, then see the first's entry."""
     import time
 
-    import patchset.intake as intake
+    import patchset.importer as intake
 
     ws.setup(BASE, [FIRST])
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", env["GIT_CONFIG_GLOBAL"])

@@ -305,7 +305,7 @@ def _write_lock(repo: Path, patches: tuple[Patch, ...], bases: dict[str, BaseRea
 
 
 def cmd_import(args: argparse.Namespace, repo: Path) -> int:
-    from patchset.intake import git_identity, import_patch
+    from patchset.importer import git_identity, import_patch
 
     if args.name is not None and (reason := name_problem(args.name)):
         # before the name picks a target, a base or a path: nothing is read or staged for it
