@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from patchset.cli import main
+from crashpoints import main
 from patchset.model import PatchHeader
 from patchset.patchfile import serialise_header
 from patchset.refresh import render_file

@@ -141,7 +141,7 @@ def test_failure_writing_state_after_partial_apply_keeps_previous_state(ws, monk
     ws.setup(BASE, three_patches())
     assert ws.cli("apply", "--upto", "vllm/0001-one.patch") == 0
     before = snapshot(ws.tree)
-    import patchset.crashpoint as crashpoint
+    import crashpoints as crashpoint
 
     labels: list[str] = []
     monkeypatch.setenv("PATCHSET_TEST_CRASH", "999:ENOSPC")

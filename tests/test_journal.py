@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import crashpoints
 import pytest
 from conftest import Workspace, patch_bytes, snapshot
 
@@ -48,7 +49,7 @@ def _run(ws: Workspace, *args: str, crash: str | None = None) -> subprocess.Comp
     env.pop("PATCHSET_TEST_CRASH", None)
     if crash:
         env["PATCHSET_TEST_CRASH"] = crash
-    argv = [sys.executable, "-m", "patchset", "-C", str(ws.repo), *args, "--tree", str(ws.tree)]
+    argv = [sys.executable, crashpoints.SCRIPT, "-C", str(ws.repo), *args, "--tree", str(ws.tree)]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
 
 

@@ -1,4 +1,5 @@
-"""The tool's modules import one another without a circle.
+"""The tool's package: its modules import one another without a circle, and it ships no
+test-only code (fault injection lives in ``tests/crashpoints.py``).
 
 Every import of one ``patchset`` module by another counts, wherever it is written: at the top,
 inside a function, or under ``if TYPE_CHECKING:`` (a circle hidden in a function or a type
@@ -109,3 +110,10 @@ def test_the_check_sees_function_level_and_type_checking_imports(tmp_path: Path)
     graph = import_graph(tmp_path)
     assert graph == {"a": {"b"}, "b": {"c"}, "c": {"a"}}
     assert cycles(graph) == [["a", "b", "c", "a"]]
+
+
+def test_no_test_only_code_ships() -> None:
+    shipped = {p.name: p.read_text(encoding="utf-8") for p in PACKAGE.glob("*.py")}
+    assert "crashpoint.py" not in shipped
+    reading = sorted(name for name, text in shipped.items() if "PATCHSET_TEST_" in text)
+    assert not reading, f"modules that read a test-only variable: {reading}"

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import crashpoints
 import pytest
 from conftest import Workspace, patch_bytes, snapshot
 
@@ -44,7 +45,7 @@ def _run(ws: Workspace, env: dict, *args: str, crash: str | None = None):
     run_env = dict(env)
     if crash:
         run_env["PATCHSET_TEST_CRASH"] = crash
-    argv = [sys.executable, "-m", "patchset", "-C", str(ws.repo), *args]
+    argv = [sys.executable, crashpoints.SCRIPT, "-C", str(ws.repo), *args]
     if args[0] in ("refresh", "status", "verify", "unapply", "recover", "apply"):
         argv += ["--tree", str(ws.tree)]
     if args[0] in ("refresh", "import", "lock"):

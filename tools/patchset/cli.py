@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from patchset import __version__, crashpoint, journal
+from patchset import __version__, journal
 from patchset.apply import apply_series, recover_tree, stack_reader, unapply_series
 from patchset.errors import (
     LockError,
@@ -821,7 +821,6 @@ def _add_upstream_commands(sub: argparse._SubParsersAction) -> None:  # type: ig
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    crashpoint.reset()
     try:
         repo = Path(args.repo).resolve() if args.repo else find_repo(Path.cwd().resolve())
         args.recovered_checkout = recover_repo(

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from patchset import crashpoint
 from patchset.diffparse import path_problem
 from patchset.errors import PatchsetError, TreeStateError
 from patchset.hashing import sha256_bytes
@@ -44,6 +43,16 @@ RESERVE_BYTES = 1 << 20
 RESERVE_INODES = 16
 """Free inodes kept beyond the files and directories a commit creates."""
 _BLOCK = 4096
+
+
+def _no_fault(_label: str) -> None:
+    return None
+
+
+write_point: Callable[[str], None] = _no_fault
+"""Called with a label (``stage <path>``, ``move <path>``, ``journal``, ...) before each write of
+a commit or a rollback. It does nothing; the tests replace it to crash at a chosen write point
+(``tests/crashpoints.py``)."""
 
 
 class Interrupted(PatchsetError):
@@ -275,14 +284,14 @@ def commit(plan: Plan, *, keep: bool = False) -> int:
             for index, (rel, data, mode, before, before_mode) in enumerate(changes):
                 entry: dict[str, Any] = {"path": rel, "before": None, "after": None}
                 if before is not None:
-                    crashpoint.reached(f"undo {rel}")
+                    write_point(f"undo {rel}")
                     _write_new(staging / f"u{index}", before, before_mode or 0o600)
                     entry["before"] = {
                         "sha256": sha256_bytes(before),
                         "mode": _mode_text(before_mode or 0o644),
                     }
                 if data is not None:
-                    crashpoint.reached(f"stage {rel}")
+                    write_point(f"stage {rel}")
                     _write_new(staging / f"n{index}", data, mode or 0o644)
                     entry["after"] = {
                         "sha256": sha256_bytes(data),
@@ -305,7 +314,7 @@ def commit(plan: Plan, *, keep: bool = False) -> int:
             }
             if plan.commit_point is not None:
                 record["commit_point"] = dict(plan.commit_point)
-            crashpoint.reached("journal")
+            write_point("journal")
             _write_new(staging / (JOURNAL_FILE + ".tmp"), canonical_json(record).encode(), 0o600)
             os.replace(staging / (JOURNAL_FILE + ".tmp"), staging / JOURNAL_FILE)
             _fsync_dir(staging)
@@ -316,7 +325,7 @@ def commit(plan: Plan, *, keep: bool = False) -> int:
         if keep:
             return len(changes)
         try:
-            crashpoint.reached("drop journal")
+            write_point("drop journal")
             _drop(root)
         except Interrupted:  # every change is made: finish the clean-up, the run succeeded
             with signals_blocked():
@@ -361,7 +370,7 @@ def finish(root: Path) -> None:
     to delete it is not an error: its commit point is reached, so the next command drops it."""
     with signals_blocked():
         try:
-            crashpoint.reached("drop journal")
+            write_point("drop journal")
             _drop(root)
         except OSError:
             pass
@@ -390,7 +399,7 @@ def _fsync_dir(directory: Path) -> None:
 def _execute(root: Path, record: dict[str, Any]) -> None:
     staging = journal_dir(root)
     for directory in record["make_dirs"]:
-        crashpoint.reached(f"mkdir {directory}")
+        write_point(f"mkdir {directory}")
         _check_path(root, directory)
         os.mkdir(root / directory)
         if directory in record["dir_modes"]:
@@ -398,13 +407,13 @@ def _execute(root: Path, record: dict[str, Any]) -> None:
     for index, entry in enumerate(record["entries"]):
         rel = entry["path"]
         _check_path(root, rel)
-        crashpoint.reached(f"move {rel}")
+        write_point(f"move {rel}")
         if entry["after"] is None:
             (root / rel).unlink()
         else:
             os.replace(staging / f"n{index}", root / rel)
     for item in record["remove_dirs"]:
-        crashpoint.reached(f"rmdir {item['path']}")
+        write_point(f"rmdir {item['path']}")
         _check_path(root, item["path"])
         (root / item["path"]).rmdir()
 
@@ -532,12 +541,12 @@ def roll_back(root: Path) -> int:
     staging = journal_dir(root)
     if record is None:
         if os.path.lexists(staging):
-            crashpoint.reached("discard staging")
+            write_point("discard staging")
             shutil.rmtree(staging)
         remove_empty_state_dir(root)
         return 0
     if committed(record):  # the second root is written too: the operation finished
-        crashpoint.reached("drop journal")
+        write_point("drop journal")
         _drop(root)
         return 0
     problems = []
@@ -574,7 +583,7 @@ def roll_back(root: Path) -> int:
         )
     for item in reversed(record["remove_dirs"]):
         if not os.path.lexists(root / item["path"]):
-            crashpoint.reached(f"undo rmdir {item['path']}")
+            write_point(f"undo rmdir {item['path']}")
             _check_path(root, item["path"])
             os.mkdir(root / item["path"], int(item["mode"], 8))
             os.chmod(root / item["path"], int(item["mode"], 8))
@@ -583,11 +592,11 @@ def roll_back(root: Path) -> int:
         _check_path(root, rel)
         if action == "delete":
             if os.path.lexists(root / rel):
-                crashpoint.reached(f"undo delete {rel}")
+                write_point(f"undo delete {rel}")
                 (root / rel).unlink()
                 moved += 1
         elif action == "restore":
-            crashpoint.reached(f"undo restore {rel}")
+            write_point(f"undo restore {rel}")
             os.replace(staging / f"u{index}", root / rel)
             moved += 1
         if before is not None and os.path.lexists(root / rel):
@@ -597,7 +606,7 @@ def roll_back(root: Path) -> int:
     for directory in reversed(record["make_dirs"]):
         if os.path.isdir(root / directory) and not os.path.islink(root / directory):
             try:
-                crashpoint.reached(f"undo mkdir {directory}")
+                write_point(f"undo mkdir {directory}")
                 os.rmdir(root / directory)
             except OSError:
                 pass
@@ -612,6 +621,6 @@ def roll_back(root: Path) -> int:
             details=wrong,
             hint=f"run {recover_command(root)} again",
         )
-    crashpoint.reached("drop journal")
+    write_point("drop journal")
     _drop(root)
     return moved
