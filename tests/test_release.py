@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 from conftest import Workspace, git, patch_bytes, snapshot
-from patchset.release import public, release_problem, tree_release
+from patchset.release import public
+from patchset.tree import release_problem, tree_release
 
 PINS = """schema_version = 1
 [vllm.sdist]

@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from patchset.errors import TreeStateError
 from patchset.model import AppliedPatch, FileImage, PatchImages, TreeState
-from patchset.state import read_state, state_from_json, state_to_json
+from patchset.state import state_from_json, state_to_json
+from patchset.tree import read_state
 
 SHA = st.text(alphabet="0123456789abcdef", min_size=64, max_size=64)
 PATH = st.from_regex(r"[a-z]{1,5}(/[a-z_]{1,5}){0,2}\.py", fullmatch=True)

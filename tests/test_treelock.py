@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from conftest import Workspace, patch_bytes, snapshot
-from patchset.treelock import tree_lock
+from patchset.tree import tree_lock
 
 BASE = {f"m{i}.py": b"".join(b"v%d = %d\n" % (j, j) for j in range(200)) for i in range(30)}
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from patchset import __version__, journal
-from patchset.apply import apply_series, recover_tree, stack_reader, unapply_series
+from patchset.apply import apply_series, recover_tree
 from patchset.errors import (
     LockError,
     NothingToDo,
@@ -42,9 +42,8 @@ from patchset.newtree import created_if_missing
 from patchset.refresh import refresh_patch
 from patchset.repowrite import recover_repo, repo_lock
 from patchset.series import for_target, load_series, name_problem
-from patchset.state import read_state
-from patchset.tree import Tree
-from patchset.treelock import DEFAULT_TIMEOUT_S, tree_lock
+from patchset.tree import DEFAULT_TIMEOUT_S, Tree, read_state, tree_lock
+from patchset.unapply import stack_reader, unapply_series
 from patchset.verify import tree_status, verify_tree
 
 if TYPE_CHECKING:

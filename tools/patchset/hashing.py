@@ -14,6 +14,16 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def sha256_of(data: bytes | None) -> str | None:
+    """:func:`sha256_bytes` of a file's bytes, None for an absent file (``data`` None)."""
+    return None if data is None else sha256_bytes(data)
+
+
+def short_sha(digest: str | None) -> str:
+    """A digest as messages show it: its first 12 hex digits, or ``absent``."""
+    return digest[:12] if digest else "absent"
+
+
 def sha256_file(path: Path) -> str:
     """sha256 of a file's bytes as lowercase hex, read in 1 MiB chunks."""
     digest = hashlib.sha256()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from patchset import journal
-from patchset.apply import recover_tree, stack_reader
+from patchset.apply import recover_tree
 from patchset.diffparse import NULL_BLOB, apply_file, split_lines
 from patchset.errors import HashMismatch, PatchFormatError, TreeStateError
 from patchset.hashing import git_blob_id, sha256_bytes
@@ -26,9 +26,9 @@ from patchset.lockfile import LOCK_FILE, Computed, lock_to_json
 from patchset.model import FileImage, FileOp, Patch, PatchImages, TreeState
 from patchset.repowrite import commit_repo, repo_lock
 from patchset.series import parse_patch
-from patchset.state import STATE_DIR, backup_rel, state_rel, state_to_json, trusted_state
-from patchset.tree import Tree, read_regular
-from patchset.treelock import DEFAULT_TIMEOUT_S, tree_lock
+from patchset.state import STATE_DIR, backup_rel, state_rel, state_to_json
+from patchset.tree import DEFAULT_TIMEOUT_S, Tree, read_regular, tree_lock, trusted_state
+from patchset.unapply import stack_reader
 
 CONTEXT_LINES = 3
 NO_NEWLINE = b"\\ No newline at end of file\n"

@@ -1,20 +1,12 @@
-"""Which release a source tree says it is, checked against the pinned one before any write.
+"""The release rules, pure: which version a requirement pins, and a version's release segment.
 
-A tree's own word for its version comes from, in order: ``PKG-INFO`` (an unpacked sdist), the
-package's generated ``<target>/_version.py`` (an sdist or an installed build), or an exact
-``v<version>`` tag at the HEAD of a git checkout. A tree that names none is judged by its
-files alone (the preimage hashes of ``series.lock``).
+``tree.release_problem`` reads what a tree says it is and compares it with the pin by these
+rules before any write.
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
-
-from . import gittree
-
-_PKG_INFO = re.compile(r"^Version:\s*(\S+)\s*$", re.MULTILINE)
-_VERSION_PY = re.compile(r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]", re.MULTILINE)
 
 
 def pinned_release(requirement: str) -> str | None:
@@ -28,29 +20,3 @@ def public(version: str) -> str:
     (a source tree's generated ``_version.py`` may carry a dev label for the release itself)."""
     match = re.match(r"\d+(?:\.\d+)*", version.removeprefix("v"))
     return match.group(0) if match else version
-
-
-def tree_release(root: Path, target: str) -> tuple[str, str] | None:
-    """(version, where it was read) for the tree at ``root``, or None if it names none."""
-    for rel, pattern in (("PKG-INFO", _PKG_INFO), (f"{target}/_version.py", _VERSION_PY)):
-        path = root / rel
-        if path.is_file() and not path.is_symlink():
-            match = pattern.search(path.read_text(encoding="utf-8", errors="replace"))
-            if match:
-                return match.group(1), rel
-    tag = gittree.exact_tag(root)
-    if tag and re.fullmatch(r"v?\d+(\.\d+)*\S*", tag):
-        return tag.removeprefix("v"), f"git tag {tag}"
-    return None
-
-
-def release_problem(root: Path, target: str, requirement: str) -> str | None:
-    """Why the tree is not the pinned release (naming both), or None when it may be."""
-    pinned = pinned_release(requirement)
-    found = tree_release(root, target)
-    if pinned is None or found is None:
-        return None
-    version, where = found
-    if public(version) == public(pinned):
-        return None
-    return f"{root} is {target} {version} ({where}); the series is pinned to {target} {pinned}"

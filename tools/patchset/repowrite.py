@@ -3,7 +3,7 @@
 ``import``, ``lock`` and ``refresh`` change several files of the checkout at once. They do it
 through the same journal as apply (:mod:`patchset.journal`, rooted at the checkout:
 ``<repo>/.patchset/journal/``), under an exclusive lock on the checkout directory
-(:func:`patchset.treelock.tree_lock`): a kill or a full disk leaves either every file as
+(:func:`patchset.tree.tree_lock`): a kill or a full disk leaves either every file as
 before or the command finished, and a second writer waits for the first. Every command first
 rolls back a journal a killed writer left (:func:`recover_repo`), so a half-written series
 never reaches the parser.
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from patchset import journal
-from patchset.treelock import DEFAULT_TIMEOUT_S, tree_lock
+from patchset.tree import DEFAULT_TIMEOUT_S, tree_lock
 
 Log = Callable[[str], None]
 

@@ -10,10 +10,10 @@ directory exists only while at least one patch is applied.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from patchset.diffparse import path_problem
 from patchset.errors import TreeStateError
 from patchset.model import AppliedPatch, FileImage, PatchImages, TreeState
 
@@ -21,15 +21,6 @@ STATE_DIR = ".patchset"
 STATE_FILE = "state.json"
 BASE_DIR = "base"
 SCHEMA_VERSION = 1
-
-
-def state_dir(root: Path) -> Path:
-    return root / STATE_DIR
-
-
-def backup_path(root: Path, rel: str) -> Path:
-    """Where the pristine bytes of ``rel`` are kept while patches are applied."""
-    return root / STATE_DIR / BASE_DIR / rel
 
 
 def backup_rel(rel: str) -> str:
@@ -108,41 +99,12 @@ def state_from_json(text: str, where: Path) -> TreeState:
         ) from exc
 
 
-def read_state(root: Path) -> TreeState | None:
-    """The tree's state, or None when no patch is applied (no ``.patchset/state.json``)."""
-    if state_dir(root).is_symlink():
-        raise TreeStateError(
-            f"{state_dir(root)} is a symlink; refusing to use it",
-            hint="the state must be a real directory of the tree",
-        )
-    from patchset.tree import read_regular
-
-    path = state_dir(root) / STATE_FILE
-    data = read_regular(path)
-    if data is None:
-        if state_dir(root).exists() and _holds_files(state_dir(root)):
-            raise TreeStateError(
-                f"{state_dir(root)} exists without {STATE_FILE}",
-                hint="an interrupted run? restore the tree from its base",
-            )
-        return None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise TreeStateError(f"{path}: malformed state (not UTF-8: {exc.reason})") from None
-    return state_from_json(text, path)
-
-
-def trusted_state(root: Path, touched: set[str]) -> TreeState | None:
-    """:func:`read_state`, then every path in it checked (untrusted input): each file path
-    relative, normalised, outside ``.git``/``.patchset`` and touched by the target's series;
-    ``backups`` exactly the applied files; each created directory an ancestor of a file its
-    patch touches; each mode key a backup or an ancestor directory of one."""
-    from patchset.diffparse import path_problem
-
-    state = read_state(root)
-    if state is None:
-        return None
+def untrusted_paths(state: TreeState, touched: set[str]) -> list[str]:
+    """Why ``state`` (untrusted input) cannot be the series' own, one line per problem: each
+    file path relative, normalised, outside ``.git``/``.patchset`` and touched by the target's
+    series (``touched``); ``backups`` exactly the applied files; each created directory an
+    ancestor of a file its patch touches; each mode key a backup or an ancestor directory of
+    one."""
     problems: list[str] = []
     files = {i.path for a in state.applied for i in a.images.files}
     ancestors = {"/".join(p.split("/")[:d]) for p in touched for d in range(1, p.count("/") + 1)}
@@ -167,32 +129,4 @@ def trusted_state(root: Path, touched: set[str]) -> TreeState | None:
                 problems.append(
                     f"{applied.name}: created_dirs entry {directory!r} is not a parent of its files"
                 )
-    if problems:
-        raise TreeStateError(
-            f"{state_dir(root) / STATE_FILE}: untrusted state: {len(problems)} problem(s); "
-            "nothing was changed",
-            hint="the state was edited or damaged; restore the tree from its base",
-            details=problems,
-        )
-    return state
-
-
-def _holds_files(directory: Path) -> bool:
-    """Whether ``.patchset/`` holds files other than a journal's staging (which, without its
-    ``journal.json``, means the tree holds none of that run yet)."""
-    return any(
-        (not p.is_dir() or p.is_symlink()) and p.relative_to(directory).parts[0] != "journal"
-        for p in directory.rglob("*")
-    )
-
-
-def write_state(root: Path, state: TreeState) -> None:
-    """Write ``state.json`` atomically (temporary file + ``os.replace``)."""
-    path = state_dir(root) / STATE_FILE
-    tmp = path.with_name(STATE_FILE + ".tmp")
-    try:
-        tmp.write_text(state_to_json(state), encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    return problems

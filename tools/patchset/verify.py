@@ -9,8 +9,7 @@ from patchset.errors import DriftError, TreeStateError
 from patchset.hashing import sha256_bytes
 from patchset.journal import refuse_pending
 from patchset.model import Lock, Patch, TreeState
-from patchset.state import trusted_state
-from patchset.tree import Tree
+from patchset.tree import Tree, trusted_state
 
 PatchStatus = Literal["applied", "not applied", "drifted"]
 

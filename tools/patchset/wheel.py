@@ -600,8 +600,7 @@ def wheel_from_series(
     from .pins import load_pins
     from .receipt import make_receipt, read_receipt, write_receipt
     from .series import for_target, load_series
-    from .tree import Tree
-    from .treelock import DEFAULT_TIMEOUT_S, tree_lock
+    from .tree import DEFAULT_TIMEOUT_S, Tree, tree_lock
     from .verify import verify_tree
 
     if target not in PACKAGE_DIRS:
