@@ -1,4 +1,6 @@
-"""The write journal: every change to a tree is staged first, then made by renames only.
+"""The write journal: every change to a tree (or the checkout) staged first, then made by
+renames only; ``.patchset/journal/`` exists only while a write runs or after a kill, unlike
+``state.json`` (``state``), which says what is applied.
 
 ``commit`` works in two phases under ``.patchset/journal/``:
 

@@ -1,6 +1,7 @@
-"""A missing target tree, created once: concurrent first runs are serialised by an exclusive
-``flock`` on the parent directory, and only the process that unpacked the tree removes it, and
-only when its own run then failed (``NothingToDo`` is not a failure)."""
+"""A missing target tree, created once (``tree`` reads one that exists): concurrent first runs
+are serialised by an exclusive ``flock`` on the parent directory, and only the process that
+unpacked the tree removes it, and only when its own run then failed (``NothingToDo`` is not a
+failure)."""
 
 from __future__ import annotations
 

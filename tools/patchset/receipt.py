@@ -1,4 +1,5 @@
-"""``dist/receipt.json``: what an overlay wheel was built from, in canonical JSON.
+"""``dist/receipt.json``: what an overlay wheel was built from (pins, patches, overlaid files),
+in canonical JSON beside the wheel; the wheel's own file list is its ``record``.
 
 Canonical: keys sorted, two-space indent, ASCII only, one trailing newline, no timestamps, so
 the same inputs give the same bytes. ``schema_version`` changes whenever a field's meaning does.

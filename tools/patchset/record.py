@@ -1,4 +1,5 @@
-"""A wheel's ``RECORD``: the model, parsing and writing (reading the zip is ``wheel``'s job).
+"""A wheel's ``RECORD``, the list of its members with hashes inside the wheel: the model, parsing
+and writing (reading the zip is ``wheel``'s job; ``receipt`` is our JSON beside the wheel).
 
 RECORD is CSV (PEP 376 / the binary distribution format spec): ``path,hash,size`` per member,
 ``hash`` being ``sha256=<urlsafe base64 without padding>``; RECORD's own row has empty hash

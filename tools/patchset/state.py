@@ -1,10 +1,12 @@
-"""The in-tree state: ``.patchset/`` at the tree root, like quilt's ``.pc/``.
+"""The in-tree state's format: ``.patchset/state.json`` (which patches are applied, from what),
+parsed, serialised and checked in memory; ``tree`` reads it, ``journal`` writes it.
 
-``state.json`` (canonical JSON, schema_version 1) records the target, the base pin, the git
-commit if the tree is a checkout, the applied stack (patch name, patch sha256, per touched file
-op/pre/post/mode, directories created) and the sha256 of every pristine file kept under
-``.patchset/base/<path>`` (the preimage before the first applied patch touched it). The
-directory exists only while at least one patch is applied.
+``.patchset/`` at the tree root is like quilt's ``.pc/``: ``state.json`` (canonical JSON,
+schema_version 1) records the target, the base pin, the git commit if the tree is a checkout,
+the applied stack (patch name, patch sha256, per touched file op/pre/post/mode, directories
+created) and the sha256 of every pristine file kept under ``.patchset/base/<path>`` (the
+preimage before the first applied patch touched it). The directory exists only while at least
+one patch is applied.
 """
 
 from __future__ import annotations
