@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import NoReturn
 
 from patchset import journal, lockfile
 from patchset.diffparse import apply_file
@@ -194,7 +195,7 @@ def apply_series(
 
 def _refuse_nothing_to_apply(
     tree: Tree, state: TreeState | None, target: str, upto: str | None, total: int
-) -> None:
+) -> NoReturn:
     """Raise: a drifted 'applied' tree is an error (:func:`_refuse_drift`), else NothingToDo."""
     if state is not None:
         _refuse_drift(tree, state)
