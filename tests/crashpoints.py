@@ -54,10 +54,15 @@ def _write_point(label: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``patchset.cli.main`` with the injector installed and its count reset."""
+    """``patchset.cli.main`` with the injector installed and its count reset; the journal's
+    own write point is back in place when it returns or raises."""
+    shipped = journal.write_point
     journal.write_point = _write_point
     reset()
-    return cli.main(argv)
+    try:
+        return cli.main(argv)
+    finally:
+        journal.write_point = shipped
 
 
 if __name__ == "__main__":
