@@ -1,4 +1,4 @@
-"""The tree lock (patchset.tree.tree_lock): concurrent patchset runs on one tree never interleave."""
+"""The tree lock (patchset.tree.tree_lock): concurrent runs on one tree never interleave."""
 
 from __future__ import annotations
 
