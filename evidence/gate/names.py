@@ -5,11 +5,11 @@ A run name reads ``[KIND-]CHECKPOINT[-tpN-dcpM][-TOKEN...]``, e.g. ``p-glmn-tp4-
 the patched series on the ``glmn`` checkpoint at TP 4 DCP 4, prefill over the packed-CKV route,
 under CUDA graphs. :data:`KINDS`, :data:`CHECKPOINT_FAMILIES` and :data:`TOKENS` hold every
 word; :func:`decode` turns a name into its claims and :func:`contradictions` lists where a run's
-configuration says otherwise (``plans.load_suite`` refuses such a run). A name says at least
-its kind, checkpoint, TP and DCP; a token it leaves out means the default: eager, fp8_ds_mla
-records on the Triton sparse-MLA backend (FlashMLA-sparse for stock vLLM, which has no Triton
-backend, and for the wide-heads checkpoint ``v32w``), the query route, no speculation, 1k/8k
-prompts.
+configuration says otherwise (evidence/tests/test_gate_names.py checks every committed run).
+A name says at least its kind, checkpoint, TP and DCP; a token it leaves out means the
+default: eager, fp8_ds_mla records on the Triton sparse-MLA backend (FlashMLA-sparse for stock
+vLLM, which has no Triton backend, and for the wide-heads checkpoint ``v32w``), the query
+route, no speculation, 1k/8k prompts.
 """
 
 from __future__ import annotations
