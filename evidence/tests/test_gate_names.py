@@ -65,7 +65,6 @@ def test_a_run_whose_configuration_says_otherwise_is_caught(name, change, compla
     assert any(complaint in p for p in problems), problems
 
 
-
 def test_every_name_word_is_explained():
     """Each kind, checkpoint family and token has a line saying what it means."""
     for table in (names.KINDS, names.CHECKPOINT_FAMILIES, names.TOKENS):
