@@ -4,10 +4,9 @@
 per depth, and the steps replay them.
 
 Builds one engine with MTP, num_speculative_tokens=5, adaptive_speculative_tokens=
-"acceptance", ladder 2/4/5 and short windows (4/3/3), on the series' tiny "agree" MTP
-checkpoint (scripts/make_tiny_mtp_ckpt.py: the draft predicts the target's next token, so
-every draft is accepted and the controller climbs 2 -> 4 -> 5). Then, through
-LLM.collective_rpc on the worker:
+"acceptance", ladder 2/4/5 and short windows (4/3/3), on a seeded "agree" MTP checkpoint
+(mtp_agree_ckpt.py: the draft predicts the target's next token, so every draft is accepted
+and the controller climbs 2 -> 4 -> 5). Then, through LLM.collective_rpc on the worker:
 
 * captured: the FULL target graphs' uniform query lengths (expected to hold 3, 5, 6 =
   ladder depth + 1, from VllmConfig.get_decode_cudagraph_query_lens) and the draft
@@ -17,12 +16,11 @@ LLM.collective_rpc on the worker:
 * the scheduler's num_spec_tokens_to_schedule per step (VLLM_ENABLE_V1_MULTIPROCESSING=0).
 
 Verdict ``ok`` when every ladder depth was captured and replayed on both managers and the
-depth trace reached 5. Writes one JSON (``--out``). Run from the dcp-series checkout
-(imports scripts/make_tiny_mtp_ckpt.py and scripts/mtp_gpu_common.py):
+depth trace reached 5. Writes one JSON (``--out``); the checkpoint is written to ``--ckpt``
+unless one is there:
 
-    VLLM_ENABLE_V1_MULTIPROCESSING=0 python /work/gpu-plan/p0012/gpu_adaptive_graph_tiers.py \
-        --scripts /work/main/scripts --ckpt-root /tmp/tiny_mtp_glm --arch glm_moe_dsa \
-        --out results/p0012_adaptive_graph_tiers.json
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 python evidence/gpu_adaptive_graph_tiers.py \
+        --ckpt <work>/mtp-agree --arch glm --out <out>/adaptive-graph-tiers.json
 """
 
 from __future__ import annotations
@@ -36,6 +34,10 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+import mtp_agree_ckpt
+from gate.spec_metrics import record_depths
+from make_dsa_gate_ckpt import ARCHS
 
 LADDER = [2, 4, 5]
 WINDOWS = [4, 3, 3]
@@ -98,9 +100,8 @@ def collect_replays(worker: Any) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--scripts", type=Path, default=Path("/work/main/scripts"))
-    ap.add_argument("--ckpt-root", type=Path, default=Path("/tmp/tiny_mtp_glm"))
-    ap.add_argument("--arch", default="glm_moe_dsa", choices=["deepseek_v32", "glm_moe_dsa"])
+    ap.add_argument("--ckpt", type=Path, required=True, help="the agreeing checkpoint's folder")
+    ap.add_argument("--arch", default="glm", choices=ARCHS)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--decode-tokens", type=int, default=160)
     ap.add_argument("--gpu-mem", type=float, default=0.5)
@@ -109,15 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
         print("set VLLM_ENABLE_V1_MULTIPROCESSING=0 (the depth trace needs the scheduler)")
         return 2
-    sys.path.insert(0, str(args.scripts))
-    import make_tiny_mtp_ckpt
-    from mtp_gpu_common import record_depths
-
-    ckpt = args.ckpt_root / "agree"
+    ckpt = args.ckpt
     if not (ckpt / "model.safetensors").is_file():
-        make_tiny_mtp_ckpt.main(
-            ["--out", str(args.ckpt_root), "--arch", args.arch, "--kinds", "agree"]
-        )
+        mtp_agree_ckpt.write(ckpt, args.arch)
 
     from vllm import LLM, SamplingParams
 
