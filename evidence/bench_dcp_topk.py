@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -52,7 +51,7 @@ from typing import Any
 
 import torch
 from bench_timing import capture_graph, event_times
-from provenance import git_revision, load_module, package_version
+from provenance import command, git_revision, load_module, package_version
 from provenance import machine as provenance_machine
 
 REPO = Path(__file__).resolve().parent.parent
@@ -303,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             "schema_version": 2,
             "base": f"vllm {vllm.__version__}",
             "base_variant": "installed vLLM (CuTe DSL kernels) + the leaf of vllm_tree",
-            "command": shlex.join([sys.executable, *sys.argv]),
+            "command": command(),
             "git_revision": git_revision(REPO),
             "vllm_tree": str(args.vllm_tree),
             "vllm_tree_git_revision": git_revision(args.vllm_tree),

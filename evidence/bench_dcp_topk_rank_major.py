@@ -57,7 +57,6 @@ import argparse
 import json
 import os
 import platform
-import shlex
 import socket
 import statistics
 import subprocess
@@ -70,6 +69,7 @@ from typing import Any
 
 import torch
 from bench_timing import capture_graph, event_times
+from provenance import command
 
 TOPKS = (512, 1024, 2048)
 NO_CUTEDSL_TOPKS = (256, 4096)
@@ -532,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
             "kind": "dcp_topk_merge_034",
             "base": f"vllm {vllm.__version__}",
             "leaf": leaf.__file__,
-            "command": shlex.join([sys.executable, *sys.argv]),
+            "command": command(),
             "machine": info,
             "wall_s": round(time.time() - started, 1),
             "finished": final,

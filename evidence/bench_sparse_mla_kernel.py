@@ -68,7 +68,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
-from provenance import load_module
+from provenance import command, load_module
 
 HBM_BYTES_PER_S = 4.8e12  # H200 datasheet
 RECORD_BYTES = 656
@@ -906,7 +906,7 @@ def main(argv: list[str] | None = None) -> int:
     props = torch.cuda.get_device_properties(0)
     result: dict[str, Any] = dict(
         schema_version=2,
-        command=" ".join([Path(sys.executable).name, *(sys.argv if argv is None else argv)]),
+        command=command(None if argv is None else [sys.argv[0], *argv]),
         git_revision=args.git_rev,
         kernel_path=str(args.kernel_path),
         kernel_sha256=hashlib.sha256(args.kernel_path.read_bytes()).hexdigest(),

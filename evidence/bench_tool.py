@@ -85,7 +85,7 @@ def main() -> int:
     figures = {"apply_verify": summary(apply_verify), "wheel": summary(wheel)}
     result = {
         "benchmark": "bench_tool",
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": provenance.command(),
         "git_revision": git_revision(),
         "machine": host,
         "series": {"vllm_patches": len(patches), "names": [p.name for p in patches]},

@@ -10,15 +10,15 @@ identities (one-GPU emulation over NCCL's socket transport). Every rank runs vLL
 external_launcher; runs share the machine and run concurrently (fixed kv_cache_memory_bytes per
 rank, at most --max-ranks processes at once)::
 
-    python evidence/dcp_gate.py suite --suite needle-eager --work /tmp/gate --out results
-    python evidence/dcp_gate.py suite --suite needle-graphs --work /tmp/gate --out results
+    python evidence/dcp_gate.py suite --suite needle-eager --work <work> --out results
+    python evidence/dcp_gate.py suite --suite needle-graphs --work <work> --out results
     python evidence/dcp_gate.py suite --suite patched --backend TRITON_MLA_SPARSE_FP8_DS_MLA ...
     python evidence/dcp_gate.py run --name x --model DIR --tp 4 --dcp 2 --passes clean,fault
-    python evidence/dcp_gate.py report --work /tmp/gate --suite needle-eager --out results
+    python evidence/dcp_gate.py report --work <work> --suite needle-eager --out results
     # every gate as one priority queue, detached across short device calls
-    python evidence/dcp_gate.py start --suites all --work /root/gate --deadline-s 1260
-    python evidence/dcp_gate.py wait --work /root/gate --seconds 560 --dest $OUT/gate
-    python evidence/dcp_gate.py collect --work /root/gate --dest $OUT/gate
+    python evidence/dcp_gate.py start --suites all --work <work> --deadline-s 1260
+    python evidence/dcp_gate.py wait --work <work> --seconds 560 --dest $OUT/gate
+    python evidence/dcp_gate.py collect --work <work> --dest $OUT/gate
 
 Each run names its vLLM tree (``variant``: stock or patched); the launcher puts that tree first
 on its ranks' PYTHONPATH, so stock and patched runs share one queue.
@@ -40,6 +40,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -48,9 +49,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from gate import memory, plan, plans, verdict  # noqa: E402
+from provenance import command as command_line  # noqa: E402
 from provenance import git_revision, write_result  # noqa: E402
 
 REPO = HERE.parent
+WORK = str(Path(tempfile.gettempdir()) / "dcp-gate")
+"""--work's default: checkpoints, run records and logs."""
 
 
 def revision() -> dict[str, Any]:
@@ -341,7 +345,7 @@ def run_many(
     results: dict[str, dict[str, Any]] = {}
     t0 = time.time()
     port = port0
-    command = shlex.join([sys.executable, *sys.argv])
+    command = command_line()
     while pending or active:
         # warm-up runs go first; the rest wait until their engines are up (JIT caches filled)
         while pending:
@@ -458,7 +462,7 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
             "schema_version": verdict.SCHEMA_VERSION,
             "kind": verdict.NOISE_KIND,
             "checkpoint": ckpt,
-            "command": shlex.join([sys.executable, *sys.argv]),
+            "command": command_line(),
             # the runs' revision (what was measured) plus the one that derived the verdict
             "revision": dict(
                 next((r["revision"] for r in runs.values() if r.get("revision")), {}),
@@ -513,7 +517,7 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
             cand_pass=options["cand_pass"],
             control=control,
         )
-        result["command"] = shlex.join([sys.executable, *sys.argv])
+        result["command"] = command_line()
         # the runs' revision (what was tested) plus the one that derived the verdict
         result["revision"] = dict(cand.get("revision") or {}, report=revision()["series"])
         result["machine"] = cand.get("machine")
@@ -546,7 +550,7 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
             "pairs": noise_by_ckpt[spec["noise"]],
         }
         result = verdict.distance_result(name, ref, cand, tol, noise, sens)
-        result["command"] = shlex.join([sys.executable, *sys.argv])
+        result["command"] = command_line()
         result["revision"] = dict(cand.get("revision") or {}, report=revision()["series"])
         result["machine"] = cand.get("machine")
         path = out / f"dcp-distance-{name}.json"
@@ -563,7 +567,7 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
     needle = needle_calibration(suite, runs)
     if needle is not None:
         needle.update(
-            command=shlex.join([sys.executable, *sys.argv]),
+            command=command_line(),
             revision=dict(
                 next((runs[n].get("revision") for n in sorted(needle["runs"])), None) or {},
                 report=revision()["series"],
@@ -578,7 +582,7 @@ def report(suite: dict[str, Any], work: Path, out: Path) -> list[Path]:
     if mem is not None:
         first = next(r for n, r in sorted(runs.items()) if n in names)
         mem.update(
-            command=shlex.join([sys.executable, *sys.argv]),
+            command=command_line(),
             revision=dict(first.get("revision") or {}, report=revision()["series"]),
             base=first.get("base"),
             machine=first.get("machine"),
@@ -973,7 +977,7 @@ def cmd_decode_rates(args: argparse.Namespace) -> int:
     doc = {
         "schema_version": 1,
         "kind": "dcp_gate_decode_rates",
-        "command": shlex.join([sys.executable, *sys.argv]),
+        "command": command_line(),
         "revision": revision(),
         "runs_revision": sorted({json.dumps(r.get("revision")) for r in used}),
         "base": sorted({(r.get("base") or {}).get("vllm") or "?" for r in used}),
@@ -1030,7 +1034,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--backend", default=None, help="for --suite patched")
         p.add_argument("--kv-cache-dtype", default="fp8_ds_mla", help="for --suite patched")
-        p.add_argument("--work", default="/tmp/dcp-gate", help="checkpoints, runs, logs")
+        p.add_argument("--work", default=WORK, help="checkpoints, runs, logs")
         p.add_argument("--out", default=str(REPO / "results"), help="gate result files")
         p.set_defaults(func=fn)
         if name in ("suite", "start"):
@@ -1046,12 +1050,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--only", default=None, help="comma-separated run names")
             p.add_argument("--rerun", action="store_true", help="ignore earlier run records")
     p = sub.add_parser("wait", help="follow a suite started with start")
-    p.add_argument("--work", default="/tmp/dcp-gate")
+    p.add_argument("--work", default=WORK)
     p.add_argument("--seconds", type=float, default=540.0, help="return before this")
     p.add_argument("--dest", default=None, help="collect into this folder at the end")
     p.set_defaults(func=cmd_wait)
     p = sub.add_parser("collect", help="copy runs, gate files and logs to --dest")
-    p.add_argument("--work", default="/tmp/dcp-gate")
+    p.add_argument("--work", default=WORK)
     p.add_argument("--dest", required=True)
     p.set_defaults(func=cmd_collect)
     p = sub.add_parser("decode-rates", help="decode tok/s of a work folder's runs (emulation)")
@@ -1078,7 +1082,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="vLLM's prefix cache (the repeat pass then hits it; not with the fault pass)",
     )
-    p.add_argument("--work", default="/tmp/dcp-gate")
+    p.add_argument("--work", default=WORK)
     p.add_argument("--deadline-s", type=float, default=3600.0)
     p.add_argument("--port", type=int, default=29600)
     p.set_defaults(func=cmd_run)

@@ -34,6 +34,7 @@ sys.path[:0] = [str(HERE)]
 import make_dsa_gate_ckpt as mk  # noqa: E402
 from gate import plan, plans, verdict  # noqa: E402
 from gate_refmodel import last_logits  # noqa: E402
+from provenance import command  # noqa: E402
 
 
 def checkpoint_tensors(argv: list[str]) -> tuple[dict[str, Any], dict[str, Any], int | None]:
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     res = {
         "kind": "dcp-gate-ckpt-reference",
         "what": "CPU fp32 forward of a gate checkpoint: predicted sensitivity (not a GPU run)",
-        "command": " ".join([sys.executable, *sys.argv]),
+        "command": command(),
         "revision": git_revision(),
         "machine": {
             "platform": platform.platform(),

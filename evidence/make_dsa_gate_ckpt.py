@@ -47,8 +47,8 @@ below 65536 and more after them. Their cost is memory: 2 tables x N x 64 x 2 byt
 rank, 0.29 GB at N = 1,114,112.
 
 Usage:
-    python evidence/make_dsa_gate_ckpt.py --arch glm --out /tmp/gate-ckpt/glm
-    python evidence/make_dsa_gate_ckpt.py --arch v32 --out /tmp/gate-ckpt/v32
+    python evidence/make_dsa_gate_ckpt.py --arch glm --out <work>/gate-ckpt/glm
+    python evidence/make_dsa_gate_ckpt.py --arch v32 --out <work>/gate-ckpt/v32
 """
 
 from __future__ import annotations

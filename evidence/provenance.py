@@ -127,8 +127,17 @@ def load_module(path: Path, name: str) -> ModuleType:
 
 
 def command(argv: list[str] | None = None) -> str:
-    """The command line of this process, shell-quoted."""
-    return " ".join(shlex.quote(a) for a in [sys.executable, *(sys.argv if argv is None else argv)])
+    """The command line of this process (``argv``: ``sys.argv``), shell-quoted, without the
+    folders of the machine it runs on: the interpreter by its name (``python3``, not the venv
+    it lives in), a script of this repository by its path from the repository root, every other
+    argument as given."""
+    args = list(sys.argv if argv is None else argv)
+    if args and Path(args[0]).is_file():
+        try:
+            args[0] = Path(args[0]).resolve().relative_to(REPO).as_posix()
+        except ValueError:
+            pass  # a script outside the repository: as given
+    return shlex.join([Path(sys.executable).name, *args])
 
 
 def write_json_atomic(path: Path, record: dict[str, Any]) -> Path:

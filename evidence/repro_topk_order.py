@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import git_revision  # noqa: E402
+from provenance import command, git_revision  # noqa: E402
 
 
 def topk_prefill(logits: torch.Tensor, ends: torch.Tensor, k: int) -> torch.Tensor:
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result: dict[str, Any] = {
         "kind": "topk_order_repro",
-        "command": " ".join(sys.argv),
+        "command": command(),
         "revision": git_revision(),
         "base": {"vllm": vllm.__version__, "vllm_path": str(Path(vllm.__file__).parent)},
         "machine": {

@@ -17,11 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
 from fnmatch import fnmatch
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,6 +57,53 @@ def card(d: dict[str, Any]) -> str:
     gpus = (d.get("machine") or {}).get("gpus") or [{}]
     first = gpus[0] if isinstance(gpus[0], dict) else {"name": gpus[0]}  # early records: names
     return str(first.get("name") or "?").removeprefix("NVIDIA ")
+
+
+PATH_PLACEHOLDERS = {
+    "--out": "<out>",
+    "--dest": "<out>",
+    "--work": "<work>",
+    "--tree": "<tree>",
+    "--vllm-tree": "<tree>",
+}
+"""What an option's absolute path is shown as (any other option's: ``<path>``)."""
+REPO_FOLDERS = ("evidence", "scripts", "proofs", "tools", "tests", "results")
+"""A repository file a command names is shown from its top folder (``evidence/x.py``)."""
+
+
+def shown_command(command: str) -> str:
+    """A recorded command as the tables show it, without the folders of the machine it ran on
+    (the record in results/ keeps them): an interpreter by its name (``python3``), a file of
+    this repository from its top folder (``evidence/...``), a file of a vLLM tree from
+    ``<tree>/vllm/...``, any other absolute path as its option's placeholder (``<out>``,
+    ``<work>``, ``<tree>``, else ``<path>``), followed by the file's name when it has a suffix.
+    """
+    try:
+        args = shlex.split(command)
+    except ValueError:
+        return command
+    shown: list[str] = []
+    for i, arg in enumerate(args):
+        option, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        if not value.startswith("/"):
+            shown.append(shlex.quote(arg))
+            continue
+        path = PurePosixPath(value)
+        parts = path.parts
+        top = next((j for j, part in enumerate(parts) if part in (*REPO_FOLDERS, "vllm")), None)
+        if i == 0 and path.name.startswith("python"):
+            rendered = path.name
+        elif top is not None and parts[top] == "vllm":
+            rendered = "/".join(("<tree>", *parts[top:]))
+        elif top is not None:
+            rendered = "/".join(parts[top:])
+        else:
+            flag = option or (args[i - 1] if i > 0 else "")
+            rendered = PATH_PLACEHOLDERS.get(flag, "<path>")
+            if path.suffix:
+                rendered += f"/{path.name}"
+        shown.append(f"{option}{eq}{rendered}")
+    return " ".join(shown)
 
 
 def fmt(x: float | None, digits: int = 3) -> str:
@@ -169,7 +217,7 @@ def kernel_table(name: str, d: dict[str, Any]) -> list[str]:
     out += [
         f"Machine {d['machine']['gpu']} ({sms} SMs), torch {d['machine']['torch']}, Triton "
         f"{d['machine']['triton']}, revision {revision(d)}, kernel sha256 "
-        f"{d['kernel_sha256'][:12]}; command `{d['command']}`.",
+        f"{d['kernel_sha256'][:12]}; command `{shown_command(d['command'])}`.",
         f"Timing: {d['timing']}.",
         "Ratio = FlashMLA time / Triton time (> 1: Triton faster), both CUDA-graph replayed;",
         "eager ratio = the same with both launched eagerly. Default = the kernel file's default",
@@ -506,7 +554,7 @@ def decode_rates_table(name: str, d: dict[str, Any]) -> list[str]:
         f"### Decode rates of the gate runs, `{name}`",
         "",
         f"{d['label']}. Runs of revision {', '.join(d.get('runs_revision', []))}, base "
-        f"{', '.join(d.get('base', []))}; command `{d['command']}`.",
+        f"{', '.join(d.get('base', []))}; command `{shown_command(d['command'])}`.",
         "",
     ]
     rows = [
@@ -559,7 +607,8 @@ def merge_table(name: str, d: dict[str, Any]) -> list[str]:
         f"### DCP global top-k merge: Triton and torch vs CuTe DSL, {base_of(d)}, `{name}`",
         "",
         f"Machine {m['gpu']}, torch {m['torch']}, Triton {m['triton']}, nvidia-cutlass-dsl "
-        f"{m.get('nvidia-cutlass-dsl', '?')}; revision {revision(d)}; command `{d['command']}`.",
+        f"{m.get('nvidia-cutlass-dsl', '?')}; revision {revision(d)}; "
+        f"command `{shown_command(d['command'])}`.",
         f"Cases {s['cases_identical']}/{s['cases']} identical (same selected set and bit-identical"
         " packs as CuTe DSL). × = the implementation's merge time / CuTe DSL's (< 1: faster),",
         "CUDA-graph replayed unless marked eager. Largest × at decode shapes: Triton "
@@ -673,8 +722,8 @@ def topk_order_section() -> list[str]:
             f"### Indexer top-k index order, {base_of(d)}, `{name}`",
             "",
             f"Machine {d['machine']['gpu']}, torch {d['machine']['torch']}; revision "
-            f"{revision(d)}; command `{d['command']}`. Rows whose index order (or set) differs "
-            "between repeated calls on the same scores:",
+            f"{revision(d)}; command `{shown_command(d['command'])}`. Rows whose index order "
+            "(or set) differs between repeated calls on the same scores:",
             "",
         ]
         out += table(

@@ -22,7 +22,7 @@ The checkpoint's answers are one token repeated (it is built to make attention d
 answer, not to write prose): the run checks the serving path, not quality.
 
 Usage (the device machine, the patched vLLM importable):
-    python evidence/serve_smoke.py all --work /root/serve --out $OUT/serve-smoke.json
+    python evidence/serve_smoke.py all --work <work> --out $OUT/serve-smoke.json
 Phases may run in separate calls of one machine (``offline`` keeps its reference in --work).
 """
 
@@ -37,6 +37,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -499,7 +500,7 @@ def run_all(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("phase", choices=("offline", "all"))
-    ap.add_argument("--work", type=Path, default=Path("/tmp/serve-smoke"))
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "serve-smoke")
     ap.add_argument("--out", type=Path, default=Path("results/serve-smoke-0.34.0.json"))
     ap.add_argument("--port", type=int, default=8011)
     ap.add_argument("--deadline-s", type=float, default=560.0)

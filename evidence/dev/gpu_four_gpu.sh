@@ -15,7 +15,7 @@ export DCP_GIT_REV="${DCP_GIT_REV:-unknown}"
 [ -d "$HOME/gpu-vllm-patched" ] || bash .gpu/device-overlay.sh
 VARIANT=patched source .gpu/device-env.sh
 export DCP_VLLM_TREE="$HOME/gpu-vllm-patched"
-RES=/tmp/dcp-res4; mkdir -p "$RES"
+RES=${TMPDIR:-/tmp}/dcp-res4; mkdir -p "$RES"
 for stage in "$@"; do
   echo "=== $stage $(date -u +%T)"; touch "$RES/.stamp-$stage"
   case "$stage" in

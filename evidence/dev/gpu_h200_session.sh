@@ -4,17 +4,17 @@
 # (the applied series, from .gpu/overlay-build.sh) is carried:
 #     bash evidence/dev/gpu_h200_session.sh STAGE...
 # Stages: kernel | topk | nvfp4 | topk-order | tree-tests
-# Results are kept in $RES (default /tmp/dcp-res; survives between calls on a warm machine; $OUT
-# is emptied per call) and each stage archives what it wrote to $OUT/STAGE.tar.gz (copied into
-# results/ afterwards). evidence/dev/gpu_lease.sh runs the stages its BENCH_STAGES names (kernel,
-# topk, nvfp4) and tree-tests.
+# Results are kept in $RES (default ${TMPDIR:-/tmp}/dcp-res; survives between calls on a warm
+# machine; $OUT is emptied per call) and each stage archives what it wrote to $OUT/STAGE.tar.gz
+# (copied into results/ afterwards). evidence/dev/gpu_lease.sh runs the stages its BENCH_STAGES
+# names (kernel, topk, nvfp4) and tree-tests.
 set -uo pipefail
 : "${OUT:?run on the device machine}"
 export DCP_GIT_REV="${DCP_GIT_REV:-unknown}"
 [ -d "$HOME/gpu-vllm-patched" ] || bash .gpu/device-overlay.sh
 export VARIANT=patched; source .gpu/device-env.sh
 export DCP_VLLM_TREE="$HOME/gpu-vllm-patched"
-RES=${RES:-/tmp/dcp-res}; mkdir -p "$RES"
+RES=${RES:-${TMPDIR:-/tmp}/dcp-res}; mkdir -p "$RES"
 for stage in "$@"; do
   echo "=== $stage $(date -u +%T)"; touch "$RES/.stamp-$stage"
   case "$stage" in

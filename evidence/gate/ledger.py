@@ -192,7 +192,6 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    result["command"] = " ".join(sys.argv)
     from provenance import write_result
 
     write_result(args.out, result, gpus=False)

@@ -44,3 +44,18 @@ def test_atomic_write_leaves_only_the_file(tmp_path: Path) -> None:
     provenance.write_json_atomic(out, {"b": 1, "a": float("inf")})
     assert json.loads(out.read_text().replace("Infinity", "1e999"))["b"] == 1
     assert [p.name for p in out.parent.iterdir()] == ["r.json"]
+
+
+def test_the_command_names_the_interpreter_and_the_script_without_their_folders(
+    monkeypatch, tmp_path: Path
+) -> None:
+    script = Path(provenance.__file__).resolve().parent / "dcp_gate.py"
+    monkeypatch.setattr(sys, "executable", "/some/venv/bin/python3")
+    monkeypatch.setattr(sys, "argv", [str(script), "report", "--note", "two words"])
+    assert provenance.command() == "python3 evidence/dcp_gate.py report --note 'two words'"
+    # a relative script path, one outside the repository and `python -c` are kept as given
+    assert provenance.command(["evidence/x.py", "-v"]) == "python3 evidence/x.py -v"
+    assert provenance.command(["/elsewhere/x.py"]) == "python3 /elsewhere/x.py"
+    assert provenance.command(["-c"]) == "python3 -c"
+    record = json.loads(provenance.write_result(tmp_path / "r.json", {}, gpus=False).read_text())
+    assert record["command"].startswith("python3 evidence/dcp_gate.py ")

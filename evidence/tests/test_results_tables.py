@@ -4,6 +4,7 @@ and every table names the vLLM base it was measured on."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -384,3 +385,33 @@ def test_the_upstream_checks_run_record_is_not_listed(tmp_path, monkeypatch):
     (tmp_path / "x.json").write_text("{}")
     monkeypatch.setattr(results_tables, "RESULTS", tmp_path)
     assert [p.name for p in results_tables.results_files()] == ["x.json"]
+
+
+def test_a_shown_command_names_no_folder_of_the_machine_it_ran_on():
+    """The tables show a recorded command with the interpreter by name, repository and vLLM-tree
+    files from their top folder and other absolute paths as placeholders; the record keeps it."""
+    shown = results_tables.shown_command
+    assert (
+        shown(
+            "/root/lab/.venv/bin/python3 /root/lab/evidence/bench.py --kernel-path "
+            "/root/lab/tree/vllm/v1/ops/k.py --vllm-tree /root/lab/tree "
+            "--out /root/lab/session/kb.json --work=/root/lab/w2326 --budget-s 110 --dir /root/lab"
+        )
+        == "python3 evidence/bench.py --kernel-path <tree>/vllm/v1/ops/k.py --vllm-tree <tree> "
+        "--out <out>/kb.json --work=<work> --budget-s 110 --dir <path>"
+    )
+    assert shown("python evidence/x.py --out results/a.json --note 'two words'") == (
+        "python evidence/x.py --out results/a.json --note 'two words'"
+    )
+    assert shown("/root/lab/.venv/bin/python x.py --tree /root/lab/t/vllm/tests/a.py") == (
+        "python x.py --tree <tree>/vllm/tests/a.py"
+    )
+
+
+def test_no_rendered_command_names_a_machine_path():
+    """design/results.md shows every committed record's command through shown_command."""
+    text = results_tables.OUT.read_text()
+    commands = re.findall(r"command `([^`]*)`", text)
+    assert commands
+    for command in commands:
+        assert not re.search(r"(?<![\w.<>-])/(work|root|home|opt|mnt|tmp)/", command), command
