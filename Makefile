@@ -1,10 +1,11 @@
 # dcp-series: every target runs the tool from the repository venv .venv (`make setup`).
 #
 #   make wheel                 fetch the pins, apply + verify the series on build/vllm, build
-#                              both overlay wheels: dist/vllm-0.34.0+dcp.<digest>-...x86_64.whl
-#                              (dist/receipt.json) and ...-manylinux_2_28_aarch64.whl for DGX
-#                              Spark, GB10 (dist/receipt-aarch64.json); PLATFORM=x86_64 or
-#                              PLATFORM=aarch64 builds that one only
+#                              both overlay wheels: dist/vllm-<base>+dcp.<digest>-...x86_64.whl
+#                              (<base>: the vLLM release pins.toml pins; dist/receipt.json) and
+#                              ...-manylinux_2_28_aarch64.whl for DGX Spark, GB10
+#                              (dist/receipt-aarch64.json); PLATFORM=x86_64 or PLATFORM=aarch64
+#                              builds that one only
 #   make test                  lock check, a fresh test venv with the overlay wheel (pip), then
 #                              two suites at a time: tool tests, proofs, vLLM-tree tests,
 #                              upstream tests, the evidence lab's CPU tests; each one timed
@@ -160,8 +161,8 @@ ci-local:
 #                        own tests run by EXPORT_PYTHON (vLLM + its test deps; default: the test
 #                        venv, whose series-patched files are overlaid per patch)
 #   make lint            also lints every patch: ruff with the base tree's config on the files it
-#                        touches (RUFF=<ruff>; vLLM 0.34.0 pins ruff 0.17.2 by commit), SPDX,
-#                        stray prints
+#                        touches (RUFF=<ruff>; the pinned base's pre-commit pins ruff by
+#                        commit), SPDX, stray prints
 #   make rebase-report   dry-run rebase onto vllm==$(REBASE_ONTO) -> results/rebase-$(REBASE_ONTO).json
 EXPORT_PYTHON ?= $(abspath $(TESTPY))
 EXPORT_ARGS ?=

@@ -112,7 +112,7 @@ def load_shipped_triton_with_vllm(relpath: str) -> ModuleType:
     """Execute ``relpath`` of the patched tree like ``load_shipped_triton``, but with its other
     ``vllm`` imports resolved to the installed vLLM (same pinned version as the tree's base).
 
-    For modules that import much of vLLM (e.g. ``vllm/v1/attention/ops/dcp.py`` in 0.33).
+    For modules that import much of vLLM (e.g. ``vllm/v1/attention/ops/dcp.py``).
     ``vllm.triton_utils`` is the real, interpreted Triton while the file and the vLLM modules
     it pulls in first are imported; it is restored afterwards (modules imported meanwhile keep
     the real Triton, which is what they would get on a GPU host). Fails when vLLM is missing.

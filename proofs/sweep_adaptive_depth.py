@@ -9,8 +9,8 @@ against one depth per request (``mixed_batch``). design/mtp.md quotes its output
 
     DCP_VLLM_TREE=build/vllm python proofs/sweep_adaptive_depth.py
 
-It loads the controller of vllm/0012 (vLLM 0.33.0 base) through ``conftest.load_leaf``, the
-loader the proofs use.
+It loads the controller of vllm/0012 (on the pinned vLLM base, pins.toml) through
+``conftest.load_leaf``, the loader the proofs use.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""CPU proofs for vllm/0012 (vLLM 0.33.0 base): the adaptive speculation-depth controller
-(k-ladder 2/4/5).
+"""CPU proofs for vllm/0012 (on the pinned vLLM base, pins.toml): the adaptive speculation-depth
+controller (k-ladder 2/4/5).
 
 The controller is loaded by path from the patched tree
 (``vllm/v1/spec_decode/adaptive_depth.py``, stdlib only; ``$DCP_VLLM_TREE``). Acceptance

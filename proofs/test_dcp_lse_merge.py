@@ -4,15 +4,17 @@
 Under DCP each rank attends (all heads) over the records it owns and returns a partial output
 and its softmax LSE; an empty rank returns LSE -inf. The merge must equal attention over the
 union of the records. Both shipped merges are run on CPU under the Triton interpreter, from
-``vllm/v1/attention/ops/dcp.py`` (vLLM 0.33.0, where the DCP merges moved): AG+RS
+``vllm/v1/attention/ops/dcp.py`` (of the pinned base, pins.toml; the merges moved there in
+vLLM 0.33.0): AG+RS
 (``CorrectAttnCPOutKernel``: every rank rescales its own output with the all-gathered LSEs, the
 reduce-scatter sums) and A2A (``_dcp_a2a_pack_send`` / ``_dcp_a2a_unpack_combine`` around a
 simulated all-to-all).
 
-0.33 launches the AG+RS kernel through ``VllmTritonJitKernel`` (JIT warm-up machinery) whose
-launcher reads ``JITFunction.constexprs``, which the interpreter's function lacks; the proof
-launches the shipped ``CorrectAttnCPOutKernel.kernel`` with the arguments that
-``CorrectAttnCPOutKernel.__call__`` and ``correct_attn_out`` compute (``correct_attn_out`` below).
+The pinned base launches the AG+RS kernel through ``VllmTritonJitKernel`` (JIT warm-up
+machinery) whose launcher reads ``JITFunction.constexprs``, which the interpreter's function
+lacks; the proof launches the shipped ``CorrectAttnCPOutKernel.kernel`` with the arguments that
+``CorrectAttnCPOutKernel.__call__`` and ``correct_attn_out`` compute (``correct_attn_out``
+below).
 """
 
 from __future__ import annotations

@@ -7,11 +7,11 @@ winner ids; ``triton_filter_and_convert_dcp_index`` (``sparse_utils.py``, run he
 Triton interpreter) must keep exactly the winners the rank owns, at the physical slot its block
 table gives for the local position, and drop the rest.
 
-vLLM 0.33.0: ``sparse_utils.py`` imports much of vLLM (config, JIT warm-up helpers), so it is
-loaded with ``load_shipped_triton_with_vllm`` (the installed 0.33.0 wheel for those imports, the
-real interpreted Triton for ``vllm.triton_utils``). With one rank the filter delegates to
-``triton_convert_req_index_to_global_index``, which compacts the kept slots to the front whenever
-it counts them (0.26.0 kept them in place).
+On the pinned base (pins.toml) ``sparse_utils.py`` imports much of vLLM (config, JIT warm-up
+helpers), so it is loaded with ``load_shipped_triton_with_vllm`` (the installed wheel of the
+same release for those imports, the real interpreted Triton for ``vllm.triton_utils``). With one
+rank the filter delegates to ``triton_convert_req_index_to_global_index``, which compacts the
+kept slots to the front whenever it counts them (0.26.0 kept them in place).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""CPU proofs of the packed-CKV ownership inversion for DCP sparse-MLA prefill (vLLM 0.33).
+"""CPU proofs of the packed-CKV ownership inversion for DCP sparse-MLA prefill (on the pinned
+vLLM base, pins.toml).
 
 Shipped code under test, all from the patched tree: the cores
 (vllm/v1/attention/ops/dcp_packed_ckv.py: layout, Triton pack and its torch reference), the

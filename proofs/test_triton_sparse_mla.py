@@ -2,8 +2,8 @@
 """CPU proofs for the Triton sparse-MLA kernel over ``fp8_ds_mla`` records.
 
 Shipped code: ``vllm/v1/attention/ops/triton_sparse_mla.py`` (patch
-``vllm/0002-kernel-triton-sparse-mla-fp8-ds-mla.patch`` on vLLM 0.33.0), run under
-Triton's interpreter (``TRITON_INTERPRET=1``) on small shapes.
+``vllm/0002-kernel-triton-sparse-mla-fp8-ds-mla.patch`` on the pinned vLLM base, pins.toml), run
+under Triton's interpreter (``TRITON_INTERPRET=1``) on small shapes.
 
 The reference here is independent of the module: records are decoded bit by bit
 (e4m3 table built from the format definition, fp32 scales and bf16 RoPE read with
@@ -392,7 +392,7 @@ def test_lse_merge_of_partitions_equals_union(tsm, seed, ranks):
 @settings(max_examples=50, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 9), dtype=st.sampled_from(["bf16", "f32"]))
 def test_codec_layout_and_round_trip(tsm, seed, n, dtype):
-    """quantize writes the vLLM 0.33 layout (e4m3 NoPE; per 128 values the fp32 scale is the
+    """quantize writes vLLM's fp8_ds_mla layout (e4m3 NoPE; per 128 values the fp32 scale is the
     smallest power of two >= max(amax/448, 1e-4); bf16 RoPE), never writes a NaN code, and
     dequantize(quantize(x)) is within e4m3 rounding: |err| <= 2^-4 |x| + 2^-10 scale on
     NoPE, exact bf16 on RoPE."""

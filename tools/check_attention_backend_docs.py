@@ -1,18 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
 """Check the attention-backend docs of a patched vLLM tree.
 
-vLLM 0.33.0 renders the tables of ``docs/design/attention_backends.md`` at docs-build
-time: ``docs/mkdocs/gen_files/generate_attention_backends.py`` (an mkdocs-gen-files
-script, listed in ``mkdocs.yaml``) reads the backend registry and the CUDA priority
-lists by AST and fills the page's ``--8<-- "gen:<key>"`` markers. The committed page
-holds only prose and markers, and no pre-commit hook runs the generator. This script
-runs that generator against TREE (a stand-in for ``mkdocs_gen_files`` captures the
-page) and exits non-zero when:
+vLLM (0.33.0 on, the pinned base of pins.toml too) renders the tables of
+``docs/design/attention_backends.md`` at docs-build time:
+``docs/mkdocs/gen_files/generate_attention_backends.py`` (an mkdocs-gen-files script,
+listed in ``mkdocs.yaml``) reads the backend registry and the CUDA priority lists by AST
+and fills the page's ``--8<-- "gen:<key>"`` markers. The committed page holds only prose
+and markers, and no pre-commit hook runs the generator. This script runs that generator
+against TREE (a stand-in for ``mkdocs_gen_files`` captures the page) and exits non-zero
+when:
 
 * the generator fails on the tree (a missing or leftover marker, a parse error);
 * a backend registered in ``AttentionBackendEnum`` gets no row in any table (the
   generator silently drops backends it cannot resolve), apart from the three that
-  stock 0.33.0 already renders no row for (``BASE_ROWLESS``);
+  the stock pinned base already renders no row for (``BASE_ROWLESS``);
 * ``--snapshot FILE`` is given and the rendered page differs from FILE (``--update``
   rewrites FILE instead).
 
@@ -33,7 +34,7 @@ from pathlib import Path
 GENERATOR = Path("docs/mkdocs/gen_files/generate_attention_backends.py")
 PAGE = "design/attention_backends.md"
 REGISTRY = Path("vllm/v1/attention/backends/registry.py")
-# Registered backends that the pinned vLLM 0.33.0 generator itself renders no row for
+# Registered backends that the pinned base's own generator renders no row for
 # (composite routes and the no-op backend); anything else without a row is drift.
 BASE_ROWLESS = frozenset({"TRITON_FLASH_ATTN", "TRITON_FLASHINFER", "NO_ATTENTION"})
 
