@@ -13,6 +13,8 @@
 #   make upstream-tests        the base's own tests of the touched modules vs the stock baseline
 #                              (also in make test); make upstream-baseline regenerates it
 #   make ci-local              CI as CI runs it, on a fresh clone of the committed main
+#   make evidence-tests        the evidence lab's CPU tests (also in make test)
+#   make lease-tests           the lab's GPU-lease plumbing tests (not in make test; CI runs them)
 #   make proofs | lint | bench-tool | setup | clean
 
 PYTHON ?= python3
@@ -75,12 +77,19 @@ RUN_TREE_TESTS = $(PY) tests/vllm_tree_tests.py run --tree $(VLLM) --venv $(TEST
 tool-tests: setup
 	$(RUN_TOOL_TESTS)
 
-# The GPU evidence lab's own tests (gate verdicts, plans, renderer, lease plumbing), on CPU.
+# The GPU evidence lab's own tests (gate verdicts, plans, renderer), on CPU.
 RUN_EVIDENCE_TESTS = PATCHSET_TEST_VENV=$(abspath $(TESTENV)) \
 	$(PY) -m pytest -v -rfEs -p no:cacheprovider evidence/tests $(PYTEST_ARGS)
 evidence-tests: setup
 	$(RUN_EVIDENCE_TESTS)
-.PHONY: evidence-tests
+
+# The lab's GPU-lease plumbing (evidence/dev: the lease and session scripts dry-run with stub
+# commands, the CUDA-test bundle, the interpreter rewrite of CUDA tests), on CPU. The project's
+# own device service, not the product nor the gates: not in `make test`; .ci/run runs it after.
+lease-tests: setup
+	PATCHSET_TEST_VENV=$(abspath $(TESTENV)) \
+	  $(PY) -m pytest -v -rfEs -p no:cacheprovider evidence/dev/tests $(PYTEST_ARGS)
+.PHONY: evidence-tests lease-tests
 
 TESTENV_CMD = $(PY) tests/vllm_tree_tests.py venv --venv $(TESTENV)
 

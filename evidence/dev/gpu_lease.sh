@@ -42,9 +42,9 @@
 # (copies ../shared/gpu to .gpu, runs stage-build.sh, re-cuts the parts to what a call leaves
 # beside the tree, the largest first so that the last call carries the smallest beside
 # .gpu-overlay and .gpu-tests, rebuilds those two from build/vllm, checks every call's size
-# and prints the calls; tests/test_gpu_lease.py). A hand re-cut of 2026-12-02 joined the
-# chunks by folder order after a folder had been moved, which misorders the bytes: `stage`
-# joins them by chunk name.
+# and prints the calls; evidence/dev/tests/test_gpu_lease.py). A hand re-cut of 2026-12-02
+# joined the chunks by folder order after a folder had been moved, which misorders the bytes:
+# `stage` joins them by chunk name.
 # Everything comes back in at most 8 files under $OUT: kernel.tar.gz and topk.tar.gz (bench
 # JSON + log, first call only), lease-logs.tgz (overlay log, tree tests, status) and gate.tgz
 # (run records, gate files, rank logs).

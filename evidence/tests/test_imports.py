@@ -2,7 +2,7 @@
 """Every Python module under evidence/ imports, and every import of a project module names a file
 that exists.
 
-Two checks per module (``evidence/*.py``, ``gate/``, ``dev/``, ``tests/``):
+Two checks per module (``evidence/*.py``, ``gate/``, ``dev/``, ``tests/``, ``dev/tests/``):
 
 * **imported**: ``importlib.import_module`` in a fresh interpreter, with the module's folder and
   evidence/ first on ``sys.path`` (as ``python evidence/<script>.py`` runs it). A module may only
@@ -33,7 +33,7 @@ import pytest
 EVIDENCE = Path(__file__).resolve().parents[1]
 REPO = EVIDENCE.parent
 MODULES = sorted(p for p in EVIDENCE.rglob("*.py") if "__pycache__" not in p.parts)
-TEST_FILES = {p for p in MODULES if p.parent == EVIDENCE / "tests" and p.name.startswith("test_")}
+TEST_FILES = {p for p in MODULES if p.parent.name == "tests" and p.name.startswith("test_")}
 IMPORTED = [p for p in MODULES if p not in TEST_FILES]
 SHARED_ROOTS = (
     EVIDENCE,

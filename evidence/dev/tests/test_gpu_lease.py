@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 STUB_PYTHON = """#!/bin/bash
 echo "$PWD: $*" >> "$CALLS"

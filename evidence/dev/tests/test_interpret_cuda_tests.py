@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import interpret_cuda_tests as ict  # noqa: E402
 
