@@ -13,12 +13,12 @@ Measured, same inputs for both formats (the same bf16 latent rows quantised both
   * the cache writers: Triton nvfp4_ds_mla writer, CUDA fp8_ds_mla writer
     (``ops.concat_and_cache_mla``), and on SM100 the CUDA nvfp4_ds_mla writer (with a byte
     comparison against the Triton one).
-Timing: CUDA-graph replay as in evidence/bench_sparse_mla_kernel.py: K calls over K index sets
-(K x record bytes >= 4 x L2) captured in one graph, per-call time = median replay / K, with
-the kernel's default launch (``plan_sparse_mla``) for each format. ``nvfp4_over_fp8`` = nvfp4
-time / fp8 time (< 1: the 4-bit records are faster). Accuracy spot checks: each format's
-kernel against fp32 attention over its own dequantised records, and both against bf16
-attention over the unquantised rows (first decode row of each head count).
+Timing: CUDA-graph replay (bench_timing.graph_us, as in bench_sparse_mla_kernel.py): K calls
+over K index sets (K x record bytes >= 4 x L2) captured in one graph, per-call time = median
+replay / K, with the kernel's default launch (``plan_sparse_mla``) for each format.
+``nvfp4_over_fp8`` = nvfp4 time / fp8 time (< 1: the 4-bit records are faster). Accuracy spot
+checks: each format's kernel against fp32 attention over its own dequantised records, and both
+against bf16 attention over the unquantised rows (first decode row of each head count).
 
 Capacity (computed, and the pool a GPU holds): bytes per token per layer for bf16 (1152),
 fp8_ds_mla (656), nvfp4_ds_mla (352), with and without the DSA indexer's key cache (132 B
@@ -37,16 +37,15 @@ import argparse
 import importlib.util
 import json
 import platform
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
+from bench_timing import graph_us
 from provenance import write_result
 
 TOPK = 2048
@@ -65,34 +64,6 @@ def load(tree: Path, rel: str, name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
-
-
-def graph_us(calls: list[Callable[[], object]], reps: int = 20) -> float:
-    """Per-call time of ``calls`` captured back to back in one CUDA graph, replayed."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for call in calls:
-            call()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    del graph
-    return statistics.median(times) * 1e3 / len(calls)
 
 
 class Workspace:

@@ -57,7 +57,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -68,6 +67,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from bench_timing import graph_us
 from provenance import command, load_module
 
 HBM_BYTES_PER_S = 4.8e12  # H200 datasheet
@@ -130,34 +130,6 @@ def eager_us(fn: Callable[[], object], warmup: int = 5, rep: int = 25) -> float:
 
     ms = triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
     return float(ms) * 1e3
-
-
-def graph_us(calls: list[Callable[[], object]], reps: int) -> float:
-    """Per-call time of ``calls`` captured back to back in one CUDA graph, replayed."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for call in calls:
-            call()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    del graph
-    return statistics.median(times) * 1e3 / len(calls)
 
 
 def copy_bandwidth() -> float:

@@ -3,13 +3,14 @@
 the spread of repeated timings, a hard wall-clock deadline with a watchdog, CUDA-event timing
 and CUDA-graph capture. Their result files go through ``provenance.write_json_atomic``.
 
-No torch at import: the two CUDA helpers import it when called; the rest is tested on a CPU
-(evidence/tests/test_bench_timing.py).
+No torch at import: the CUDA helpers import it when called; the rest is tested on a CPU, the
+CUDA helpers' order of calls too, with a stand-in torch (evidence/tests/test_bench_timing.py).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -128,20 +129,50 @@ def event_times(fn: Callable[[], object], iters: int) -> list[float]:
     return times
 
 
-def capture_graph(fn: Callable[[], object], calls: int, warmup: int = 3) -> Any:
-    """A CUDA graph of ``calls`` back-to-back calls of ``fn``, captured after ``warmup`` calls
-    on a side stream (lazy initialisation and allocations done before the capture)."""
+def _capture(
+    warmup: Sequence[Callable[[], object]], captured: Sequence[Callable[[], object]]
+) -> Any:
+    """A CUDA graph of the ``captured`` calls back to back, captured after the ``warmup`` calls
+    ran on a side stream (lazy initialisation and allocations done before the capture)."""
     import torch
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for _ in range(warmup):
-            fn()
+        for call in warmup:
+            call()
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+        for call in captured:
+            call()
     return graph
+
+
+def capture_graph(fn: Callable[[], object], calls: int, warmup: int = 3) -> Any:
+    """A CUDA graph of ``calls`` back-to-back calls of ``fn``, captured after ``warmup`` calls
+    on a side stream (lazy initialisation and allocations done before the capture)."""
+    return _capture([fn] * warmup, [fn] * calls)
+
+
+def graph_us(calls: Sequence[Callable[[], object]], reps: int = 20) -> float:
+    """Microseconds per call of ``calls`` captured back to back in one CUDA graph (each run once
+    before the capture): the median of ``reps`` replays between CUDA events, after one untimed
+    replay, over ``len(calls)``."""
+    import torch
+
+    graph = _capture(calls, calls)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    del graph
+    return statistics.median(times) * 1e3 / len(calls)
