@@ -31,8 +31,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "proofs"))
 
 from provenance import write_result  # noqa: E402
-from sm90_compile import CAPABILITIES, compile_cuda, cuobjdump, load_leaf, resources  # noqa: E402
-from sparse_mla_sm90_compile_stats import PLAN_HEADS, PLAN_ROWS, STAND_INS  # noqa: E402
+from sm90_compile import (  # noqa: E402
+    CAPABILITIES,
+    compile_cuda,
+    cuobjdump,
+    load_leaf,
+    resources,
+    signature,
+)
+from sparse_mla_sm90_compile_stats import (  # noqa: E402
+    PLAN_HEADS,
+    PLAN_ROWS,
+    SPARSE_MLA_PTRS,
+    STAND_INS,
+)
 
 KERNEL = "vllm/v1/attention/ops/triton_sparse_mla.py"
 CODEC = "vllm/v1/attention/ops/triton_nvfp4_ds_mla_cache.py"
@@ -46,18 +58,6 @@ def _facts(compiled) -> dict:
         shared_bytes=compiled.metadata.shared,
         sass={op: len(re.findall(rf"\b{op}\b", sass)) for op in OPS},
     )
-
-
-def _signature(fn, ptrs: dict, consts: dict, floats=("qk_scale",)) -> tuple[dict, dict]:
-    names = fn.arg_names
-    sig = {
-        n: ptrs.get(n, "constexpr" if n in consts else "fp32" if n in floats else "i32")
-        for n in names
-    }
-    attrs = {
-        (i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in ptrs or sig[n] == "i32"
-    }
-    return sig, attrs
 
 
 def plan_points(kern, capability: int) -> list[tuple]:
@@ -96,15 +96,6 @@ def plan_points(kern, capability: int) -> list[tuple]:
 def compile_attention(kern, point, capability: int) -> dict:
     bh, bn, warps, stages, flat, prefetch = point
     fn = kern._sparse_mla_fp8_ds_mla_fwd_kernel
-    ptrs = {
-        "q_ptr": "*bf16",
-        "qpe_ptr": "*bf16",
-        "kv_ptr": "*u8",
-        "idx_ptr": "*i32",
-        "count_ptr": "*i32",
-        "out_ptr": "*fp32",
-        "lse_ptr": "*fp32",
-    }
     consts = dict(
         HAS_COUNTS=True,
         BLOCK_H=bh,
@@ -116,7 +107,7 @@ def compile_attention(kern, point, capability: int) -> dict:
         ROUND_OUT=False,
         NVFP4=True,
     )
-    sig, attrs = _signature(fn, ptrs, consts)
+    sig, attrs = signature(fn, SPARSE_MLA_PTRS, consts)
     compiled = compile_cuda(
         fn, sig, consts, attrs, capability=capability, num_warps=warps, num_stages=stages
     )
@@ -135,7 +126,7 @@ def compile_attention(kern, point, capability: int) -> dict:
 def compile_writer(codec, capability: int) -> dict:
     fn = codec._concat_and_cache_nvfp4_ds_mla_kernel
     ptrs = {"kv_c_ptr": "*bf16", "k_pe_ptr": "*bf16", "cache_ptr": "*u8", "slot_ptr": "*i64"}
-    sig, attrs = _signature(fn, ptrs, {})
+    sig, attrs = signature(fn, ptrs, ())
     compiled = compile_cuda(fn, sig, {}, attrs, capability=capability, num_warps=1)
     return dict(kernel="concat_and_cache_nvfp4_ds_mla", num_warps=1, **_facts(compiled))
 

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Offline CUDA compiles of shipped Triton kernels (no GPU; sm_90 unless told otherwise): load a
 vLLM leaf module with the real Triton behind ``vllm.triton_utils``, and read a compiled
-kernel's resources with Triton's bundled ``cuobjdump``. Used by sparse_mla_sm90_compile_stats.py."""
+kernel's resources with Triton's bundled ``cuobjdump``; ``signature`` builds a kernel's compile
+signature. Used by sparse_mla_sm90_compile_stats.py and evidence/nvfp4_compile_check.py."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import types
+from collections.abc import Iterable
 from pathlib import Path
 
 # The compute capabilities the scripts compile for: H200 (sm_90), RTX PRO 6000 / RTX 50xx
@@ -39,6 +41,24 @@ def load_leaf(path: Path, name: str) -> types.ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def signature(
+    fn, ptrs: dict[str, str], constexprs: Iterable[str], floats: Iterable[str] = ("qk_scale",)
+) -> tuple[dict[str, str], dict[tuple[int], list[list]]]:
+    """The compile signature of the jitted ``fn`` and its attributes, as Triton's launcher
+    specialises an aligned launch: each argument its ``ptrs`` type (``"*bf16"``, ...),
+    ``constexpr`` when in ``constexprs``, ``fp32`` when in ``floats``, else ``i32``; every pointer
+    and i32 argument declared divisible by 16 (the benchmarks' sizes and strides are)."""
+    names = fn.arg_names
+    bound, real = set(constexprs), set(floats)
+    sig = {
+        n: ptrs.get(n, "constexpr" if n in bound else "fp32" if n in real else "i32") for n in names
+    }
+    attrs: dict[tuple[int], list[list]] = {
+        (i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in ptrs or sig[n] == "i32"
+    }
+    return sig, attrs
 
 
 def compile_cuda(

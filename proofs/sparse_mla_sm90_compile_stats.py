@@ -21,8 +21,19 @@ import types
 from collections import Counter
 from pathlib import Path
 
-from sm90_compile import CAPABILITIES, compile_cuda, cuobjdump, load_leaf, resources
+from sm90_compile import CAPABILITIES, compile_cuda, cuobjdump, load_leaf, resources, signature
 
+# The pointer arguments of the sparse-MLA kernel (_sparse_mla_fp8_ds_mla_fwd_kernel) and their
+# element types; the rest are constexprs, qk_scale (fp32) and i32 sizes and strides.
+SPARSE_MLA_PTRS = {
+    "q_ptr": "*bf16",
+    "qpe_ptr": "*bf16",
+    "kv_ptr": "*u8",
+    "idx_ptr": "*i32",
+    "count_ptr": "*i32",
+    "out_ptr": "*fp32",
+    "lse_ptr": "*fp32",
+}
 # (block_h, block_n, num_warps, num_stages, flat_records, prefetch), prefetch one of
 # PREFETCH_MODES
 PREFETCH_MODES = ("none", "records", "slots")  # -, prefetch=True, prefetch_slots=True
@@ -109,15 +120,6 @@ def compile_point(kern, point, capability: int = 90) -> dict:
     bf16 = bool(rest and rest[0])
     fn = kern._sparse_mla_fp8_ds_mla_fwd_kernel
     names = fn.arg_names
-    ptrs = {
-        "q_ptr": "*bf16",
-        "qpe_ptr": "*bf16",
-        "kv_ptr": "*u8",
-        "idx_ptr": "*i32",
-        "count_ptr": "*i32",
-        "out_ptr": "*fp32",
-        "lse_ptr": "*fp32",
-    }
     consts = dict(
         HAS_COUNTS=False,
         BLOCK_H=bh,
@@ -138,15 +140,7 @@ def compile_point(kern, point, capability: int = 90) -> dict:
         consts.update(BF16_DEQUANT=bf16)
     elif bf16:
         raise SystemExit("--bf16: this kernel file has no bf16_dequant variant")
-    sig = {
-        n: ptrs.get(n, "constexpr" if n in consts else "fp32" if n == "qk_scale" else "i32")
-        for n in names
-    }
-    attrs = {
-        (i,): [["tt.divisibility", 16]]
-        for i, n in enumerate(names)
-        if n in ptrs or (sig[n] == "i32")
-    }
+    sig, attrs = signature(fn, SPARSE_MLA_PTRS, consts)
     compiled = compile_cuda(
         fn, sig, consts, attrs, capability=capability, num_warps=warps, num_stages=stages
     )
