@@ -70,7 +70,7 @@ TOKENS: dict[str, str] = {
 """Name token -> what the run does differently from the default."""
 
 _NAME = re.compile(
-    r"^(?:(?P<kind>[a-z]+)-)??(?P<ckpt>[a-z0-9]+(?:-o[24])?)(?:-tp(?P<tp>\d+)-dcp(?P<dcp>\d+))?"
+    r"^(?P<ckpt>[a-z0-9]+(?:-o[24])?)(?:-tp(?P<tp>\d+)-dcp(?P<dcp>\d+))?"
     r"(?P<rest>(?:-[a-z0-9]+)*)$"
 )
 _LENGTH = re.compile(r"^(\d+)k$|^1m$")
