@@ -675,17 +675,24 @@ def make_tensors(
     return cfg, gains, tensors, needle
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def write_checkpoint(out: Path, cfg: dict[str, Any], tensors: dict[str, Any]) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` (``tensors`` in the checkpoint's names
+    and dtypes, see :func:`to_checkpoint`) into ``out``; returns the safetensors file."""
     from safetensors.torch import save_file
 
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
+    path = out / "model.safetensors"
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     cfg, gains, tensors, needle = make_tensors(args)
     check = check_layer0(tensors, cfg, args.needle, args.seed) if args.check else None
     tensors = to_checkpoint(tensors)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
-    path = args.out / "model.safetensors"
-    save_file(tensors, str(path), metadata={"format": "pt"})
+    path = write_checkpoint(args.out, cfg, tensors)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     info = {
         "arch": args.arch,

@@ -27,7 +27,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -76,13 +75,8 @@ def agree_tensors(cfg: dict[str, Any], seed: int) -> dict[str, Any]:
 
 def write(out: Path, arch: str, seed: int = 0) -> Path:
     """Write ``config.json`` and ``model.safetensors`` of an agreeing checkpoint to ``out``."""
-    from safetensors.torch import save_file
-
     cfg = gate_ckpt.make_config(arch)
-    tensors = gate_ckpt.to_checkpoint(agree_tensors(cfg, seed))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    gate_ckpt.write_checkpoint(out, cfg, gate_ckpt.to_checkpoint(agree_tensors(cfg, seed)))
     return out
 
 

@@ -249,11 +249,11 @@ def compare(ref: dict[str, Any], got: dict[str, Any], label: str) -> list[str]:
 
 def phase_checkpoint(work: Path) -> Path:
     import make_dsa_gate_ckpt as mk
+    from gate.plans import MTP_ACCEPT_CKPT
 
     ckpt = work / "ckpt"
     if not (ckpt / "tokenizer.json").is_file():
-        args = json.loads((HERE / "gate" / "suites" / "checkpoints.json").read_text())
-        mk.main([*args["mtp_accept"], "--out", str(ckpt)])
+        mk.main([*MTP_ACCEPT_CKPT, "--out", str(ckpt)])
         cfg = json.loads((ckpt / "config.json").read_text())
         write_tokenizer(ckpt, cfg["vocab_size"])
     return ckpt
