@@ -69,19 +69,21 @@ TOKENS: dict[str, str] = {
 }
 """Name token -> what the run does differently from the default."""
 
-_NAME = re.compile(
-    r"^(?P<ckpt>[a-z0-9]+(?:-o[24])?)(?:-tp(?P<tp>\d+)-dcp(?P<dcp>\d+))?"
-    r"(?P<rest>(?:-[a-z0-9]+)*)$"
-)
+_NAME = re.compile(r"^(?P<ckpt>[a-z0-9]+(?:-o[24])?)(?P<rest>(?:-[a-z0-9]+)*)$")
 _LENGTH = re.compile(r"^(\d+)k$|^1m$")
+_MTP = re.compile(r"mtp(\d+)")
 _BACKENDS = {"fa": "FLASH_ATTN_MLA_SPARSE", "flashmla": "FLASHMLA_SPARSE"}
-_TRITON = "TRITON_MLA_SPARSE_FP8_DS_MLA"
+_KIND_VARIANT = {"p": "patched", "m": "patched", "c": "patched", "s": "stock"}
+"""The variant each kind runs; these kinds' names must say TP and DCP."""
 
 
 def default_backend(kind: str, checkpoint: str) -> str:
-    """The backend a name without ``fa``/``flashmla`` means."""
-    stock = kind in ("s", "", "smoke")
-    return "FLASHMLA_SPARSE" if stock or family(checkpoint) == "v32w" else _TRITON
+    """The backend a name without ``fa``/``flashmla`` means: stock vLLM's runs (kinds ``s``,
+    ``smoke`` and none) use FlashMLA-sparse, it having no Triton sparse-MLA backend, and so does
+    the wide-heads checkpoint, which tests FlashMLA-sparse's wide heads."""
+    if kind in ("s", "", "smoke") or family(checkpoint) == "v32w":
+        return "FLASHMLA_SPARSE"
+    return "TRITON_MLA_SPARSE_FP8_DS_MLA"
 
 
 @dataclass
@@ -105,38 +107,32 @@ def family(checkpoint: str) -> str | None:
 
 def decode(name: str) -> Claims:
     """Split a run name into its claims; words outside the vocabulary land in ``unknown``."""
-    kind, checkpoint, rest = "", name, ""
+    kind, checkpoint = "", name
     head, _, tail = name.partition("-")
     if head in KINDS and tail:
         kind, checkpoint = head, tail
     if kind == "smoke":
-        checkpoint, rest = "", "-" + tail
+        checkpoint, rest = "", tail
     else:
         m = _NAME.match(checkpoint)
         if m is None:
             return Claims(kind, "", None, None, unknown=[name])
         checkpoint, rest = m["ckpt"], m["rest"]
-        rest = (f"-tp{m['tp']}-dcp{m['dcp']}" if m["tp"] else "") + rest
     claims = Claims(kind, checkpoint, None, None)
-    words = [w for w in rest.split("-") if w]
-    i = 0
-    while i < len(words):
-        w = words[i]
+    words = iter(w for w in rest.split("-") if w)
+    for w in words:
         if w.startswith("tp") and w[2:].isdigit():
             claims.tp = int(w[2:])
         elif w.startswith("dcp") and w[3:].isdigit():
             claims.dcp = int(w[3:])
-        elif w == "merge" and i + 1 < len(words):
-            claims.tokens.append(f"merge-{words[i + 1]}")
-            i += 1
-        elif w in TOKENS or re.fullmatch(r"mtp\d+", w) or _LENGTH.match(w):
+        elif w == "merge":
+            follow = next(words, None)
+            token = w if follow is None else f"merge-{follow}"
+            (claims.tokens if token in TOKENS else claims.unknown).append(token)
+        elif w in TOKENS or _MTP.fullmatch(w) or _LENGTH.match(w):
             claims.tokens.append(w)
         else:
             claims.unknown.append(w)
-        i += 1
-    for t in claims.tokens:
-        if t.startswith("merge-") and t not in TOKENS:
-            claims.unknown.append(t)
     if checkpoint and family(checkpoint) is None:
         claims.unknown.append(checkpoint)
     return claims
@@ -158,17 +154,17 @@ def contradictions(run: dict[str, Any]) -> list[str]:
     extra = run.get("engine_extra") or {}
     spec = extra.get("speculative_config") or {}
     merge = (extra.get("kernel_config") or {}).get("sparse_indexer_dcp_merge_backend")
-    kind_variant = {"p": "patched", "m": "patched", "c": "patched", "s": "stock"}
-    want = kind_variant.get(c.kind)
-    if want and run.get("variant", "stock") != want:
-        out.append(f"{name}: kind {c.kind!r} but variant {run.get('variant', 'stock')!r}")
+    variant = run.get("variant", "stock")
+    want = _KIND_VARIANT.get(c.kind)
+    if want and variant != want:
+        out.append(f"{name}: kind {c.kind!r} but variant {variant!r}")
     model = str(run.get("model", "")).removeprefix("@")
     if c.checkpoint and family(c.checkpoint) != family(model):
         out.append(f"{name}: checkpoint {c.checkpoint!r} but model {model!r}")
     for label, said, real in (("tp", c.tp, run.get("tp")), ("dcp", c.dcp, run.get("dcp"))):
         if said is not None and said != real:
             out.append(f"{name}: {label} {said} but configured {real}")
-        if said is None and c.kind in ("p", "m", "c", "s"):
+        if said is None and c.kind in _KIND_VARIANT:
             out.append(f"{name}: the name does not say its {label}")
     tokens = set(c.tokens)
     checks = {
@@ -195,7 +191,7 @@ def contradictions(run: dict[str, Any]) -> list[str]:
     said_merge = next((t.removeprefix("merge-") for t in tokens if t.startswith("merge-")), None)
     if said_merge != merge:
         out.append(f"{name}: merge backend {merge!r} but the name says {said_merge!r}")
-    depth = next((int(t[3:]) for t in tokens if re.fullmatch(r"mtp\d+", t)), None)
+    depth = next((int(m[1]) for t in tokens if (m := _MTP.fullmatch(t))), None)
     if depth is not None and (
         spec.get("num_speculative_tokens") != depth or spec.get("adaptive_speculative_tokens")
     ):
