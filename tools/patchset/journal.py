@@ -33,7 +33,7 @@ from typing import Any
 
 from patchset.diffparse import path_problem
 from patchset.errors import PatchsetError, TreeStateError
-from patchset.hashing import sha256_bytes
+from patchset.hashing import sha256_bytes, short_sha
 from patchset.state import STATE_DIR, canonical_json
 from patchset.tree import Tree, read_regular
 
@@ -526,7 +526,7 @@ def describe(root: Path) -> tuple[str, list[str]]:
         after = entry["after"] and entry["after"]["sha256"]
         where = "before" if now == before else "after" if now == after else "neither"
         done += where == "after"
-        lines.append(f"{entry['path']}: {where} ({'absent' if now is None else now[:12]})")
+        lines.append(f"{entry['path']}: {where} ({short_sha(now)})")
     names = ", ".join(record["patches"]) or "no patch"
     head = (
         f"an interrupted {record['op']} of {names} left the tree half-written: "
@@ -571,10 +571,8 @@ def roll_back(root: Path) -> int:
             else:
                 plan.append((index, rel, "restore", before))
         else:
-            want = " or ".join(x["sha256"][:12] if x else "absent" for x in (before, after))
-            problems.append(
-                f"{rel}: expected {want}, found {'absent' if now is None else now[:12]}"
-            )
+            want = " or ".join(short_sha(x and x["sha256"]) for x in (before, after))
+            problems.append(f"{rel}: expected {want}, found {short_sha(now)}")
     if problems:
         raise TreeStateError(
             f"{root}: cannot roll back the interrupted {record['op']}: {len(problems)} path(s) "

@@ -23,7 +23,7 @@ from typing import Any
 
 from patchset.diffparse import apply_file
 from patchset.errors import LockError, PatchDoesNotApply
-from patchset.hashing import git_blob_id, sha256_bytes
+from patchset.hashing import git_blob_id, sha256_bytes, short_sha
 from patchset.model import FileImage, FinalImage, Lock, Patch, PatchImages
 from patchset.state import canonical_json, images_from_json, images_to_json
 
@@ -321,6 +321,4 @@ def lock_differences(old: Lock, new: Lock) -> list[str]:
 def _image_text(image: FileImage | None) -> str:
     if image is None:
         return "untouched"
-    pre = image.pre[:12] if image.pre else "absent"
-    post = image.post[:12] if image.post else "absent"
-    return f"{image.op} {pre}..{post} {image.mode}"
+    return f"{image.op} {short_sha(image.pre)}..{short_sha(image.post)} {image.mode}"

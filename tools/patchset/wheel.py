@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .errors import NativeSourceError, WheelError
-from .hashing import sha256_file
+from .hashing import sha256_bytes, sha256_file, short_sha
 from .model import BuiltWheel, FileOp, Overlay, OverlayFile, Patch
 from .pins import Pin, wheel_arch
 from .record import RecordEntry, check_member, index, parse_record, write_record
@@ -135,11 +135,10 @@ def local_version(base: str, digest: str) -> str:
 def packed_bytes(tree: Path, path: str, postimages: Mapping[str, str | None] | None) -> bytes:
     """The bytes of ``tree/path`` to pack, re-hashed against the lock's final postimage."""
     data = (tree / path).read_bytes()
-    if postimages is not None and hashlib.sha256(data).hexdigest() != postimages.get(path):
-        want = postimages.get(path)
+    if postimages is not None and (got := sha256_bytes(data)) != postimages.get(path):
         raise WheelError(
             f"{path}: the tree's bytes are not the postimage in series.lock "
-            f"({hashlib.sha256(data).hexdigest()[:12]}, want {want[:12] if want else 'absent'}); "
+            f"({short_sha(got)}, want {short_sha(postimages.get(path))}); "
             "nothing was written",
             hint="the tree changed while the wheel was built; patchset verify shows it",
         )
