@@ -1398,12 +1398,56 @@ def distance_table(files: list[tuple[str, dict[str, Any]]]) -> list[str]:
     )
 
 
+def kv_pool_table(name: str, d: dict[str, Any]) -> list[str]:
+    """results/kv-pool-*.json (evidence/kv_pool.py): the KV pool each gate run's engine logged
+    at a fixed per-rank budget, against the record arithmetic."""
+    rows = [
+        [
+            r["run"],
+            r["kv_cache_dtype"],
+            f"TP={r['tp']} DCP={r['dcp']}",
+            _gib(r["kv_cache_memory_bytes"]),
+            f"{r['logged_tokens']:,}" if r["logged_tokens"] else "-",
+            f"{r['predicted_tokens']:,}",
+            r.get("bytes_per_token_per_rank", "-"),
+        ]
+        for r in d["runs"]
+    ]
+    ratios = "; ".join(
+        f"{p['formats']}: {p['ratio']}x logged ({p['predicted_ratio']}x predicted)"
+        for p in d.get("ratios", [])
+    )
+    head = [
+        f"### KV pool logged per format ({card(d)}, `{name}`)",
+        "",
+        f"Each run's engine holds a fixed KV budget per rank; the pool is its rank 0's `GPU KV "
+        f"cache size`. Predicted: {d['block_size']}-token blocks of one MLA record per layer "
+        f"plus one {d['indexer_key_bytes']}-byte indexer key per indexer layer, one token in "
+        f"DCP per rank. {ratios}.",
+        "",
+    ]
+    return head + table(
+        [
+            "run",
+            "format",
+            "ranks",
+            "budget per rank (GiB)",
+            "logged tokens",
+            "predicted tokens",
+            "bytes per token per rank",
+        ],
+        rows,
+    )
+
+
 def nvfp4_section() -> list[str]:
     out: list[str] = []
     for name, d in load("nvfp4-accuracy-*.json"):
         out += nvfp4_accuracy_table(name, d)
     for name, d in load("nvfp4-bench-*.json"):
         out += nvfp4_bench_table(name, d)
+    for name, d in load("kv-pool-*.json"):
+        out += kv_pool_table(name, d)
     distances = load("dcp-distance-*.json")
     if distances:
         out += distance_table(distances)
@@ -1543,6 +1587,12 @@ KIND_LINES: dict[str, Callable[[dict[str, Any]], str]] = {
         "FlashMLA sparse decode depends on it, and what a per-row sort costs"
     ),
     "dcp_gate_distance": _distance_line,
+    "kv_pool": lambda d: (
+        f"KV pool logged by {_count(d.get('runs'), 'gate run')} at a fixed per-rank budget "
+        "against the record arithmetic ("
+        + (", ".join(f"{p['formats']} {p['ratio']}x" for p in d.get("ratios", [])) or "no pair")
+        + f"; off the prediction: {len(d.get('off_prediction', []))})"
+    ),
     "nvfp4-ds-mla-compile": _nvfp4_compile_line,
     "upstream-baseline": lambda d: (
         f"stock vLLM {d['base'].get('version')}'s own tests selected by the series' touched "
