@@ -60,7 +60,8 @@ KV_DTYPES: dict[str, str] = {
     "auto": "bf16 latent; SM90 only (FLASH_ATTN_MLA_SPARSE, FLASHMLA_SPARSE)",
     "nvfp4_ds_mla": (
         "352-byte record; stock vLLM 0.34: SM100 only, refused with DCP > 1; the series: SM90 "
-        "and SM12x with DCP (TRITON_MLA_SPARSE_FP8_DS_MLA, 0013/0014; no engine gate on a GPU yet)"
+        "and SM12x with DCP (TRITON_MLA_SPARSE_FP8_DS_MLA, 0013/0014; its DCP 2 and 4 gates "
+        "passed on one H100, nothing ran on SM12x)"
     ),
 }
 
@@ -267,7 +268,8 @@ def dcp_sizes(m: Machine) -> list[int]:
 
 
 def _kv_dtypes_for(m: Machine) -> list[str]:
-    return ["fp8_ds_mla", "auto"] if m.capability[0] == 9 else ["fp8_ds_mla"]
+    bf16 = ["auto"] if m.capability[0] == 9 else []
+    return ["fp8_ds_mla", *bf16, "nvfp4_ds_mla"]
 
 
 def _k(tokens: int) -> str:
@@ -285,7 +287,11 @@ def render(checkpoints: Sequence[Checkpoint] | None = None) -> str:
         "Weights per GPU and KV-cache tokens per request for every recipe checkpoint on every "
         "machine of [serving.md](serving.md), computed from each checkpoint's `config.json` "
         "(geometry and `quantization_config`). They are estimates to plan with: the engine logs "
-        "the real figures at start (`Available KV cache memory`, `GPU KV cache size`). "
+        "the real figures at start (`Available KV cache memory`, `GPU KV cache size`). The "
+        "bytes per token below are exact: given a fixed KV memory, the engine's logged pool "
+        "equals them to the token for `fp8_ds_mla` and `nvfp4_ds_mla` at DCP 1, 2 and 4 "
+        "(seeded GLM-5-shaped checkpoint, one H100: "
+        "[results/kv-pool-nvfp4-h100-0.34.0.json](../results/kv-pool-nvfp4-h100-0.34.0.json)). "
         f"Assumed per GPU: {RESERVE_GIB:g} GiB for activations, CUDA graphs and buffers; the "
         "memory CUDA reports; the `--gpu-memory-utilization` of the machine's row. With DCP "
         "the series' patch 0016 reserves the DCP query route's largest step inside that "
@@ -377,8 +383,8 @@ SEEDS: tuple[tuple[str, str, str, str, str], ...] = (
         "4 x RTX PRO 6000, TP 4, DCP 4, MTP 3",
         "4-bit records (432 B, a fork's layout)",
         "KV pools of 302,047 and 599,040 tokens; 300k-480k context",
-        "NF3 is no vLLM 0.34 quantization method; closest here: the REAP-504B row "
-        "(`fp8_ds_mla`, 656 B)",
+        "NF3 is no vLLM 0.34 quantization method; closest here: the REAP-504B "
+        "`nvfp4_ds_mla` row (352 B records)",
     ),
     (
         "`QuantTrio/GLM-5.2-Int4-Int8Mix`, 406 GB",
