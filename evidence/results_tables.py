@@ -1587,6 +1587,12 @@ KIND_LINES: dict[str, Callable[[dict[str, Any]], str]] = {
         "FlashMLA sparse decode depends on it, and what a per-row sort costs"
     ),
     "dcp_gate_distance": _distance_line,
+    "tree_tests_gpu": lambda d: (
+        f"the series' vLLM-tree test files on one GPU: {len(d['finished'])} finished, "
+        f"{len(d['cut'])} cut by a time limit, {len(d['not_run'])} not run; "
+        + ", ".join(f"{v} {k}" for k, v in sorted(d["totals"].items()))
+        + f"; failed files: {len(d['failed'])}"
+    ),
     "kv_pool": lambda d: (
         f"KV pool logged by {_count(d.get('runs'), 'gate run')} at a fixed per-rank budget "
         "against the record arithmetic ("
