@@ -35,7 +35,12 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import provenance  # noqa: E402
-from gate.budget import BLOCK_SIZE, INDEXER_KEY_BYTES, MLA_RECORD_BYTES  # noqa: E402
+from gate.budget import (  # noqa: E402
+    BLOCK_SIZE,
+    INDEXER_KEY_BYTES,
+    MLA_RECORD_BYTES,
+    kv_bytes_per_token,
+)
 
 POOL_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 # what two runs of a pair must share: everything the pool depends on except the format
@@ -52,11 +57,15 @@ def predicted_pool(
     budget: int, kv_cache_dtype: str, layers: int, indexer_layers: int, dcp: int
 ) -> int:
     """Tokens a ``budget``-byte pool holds: whole blocks of BLOCK_SIZE tokens per rank, each
-    token one MLA record per layer and one indexer key per indexer layer; a DCP rank stores
-    one token in ``dcp``, so the engine reports ``dcp`` times its own slots."""
-    per_token = layers * MLA_RECORD_BYTES[kv_cache_dtype] + indexer_layers * INDEXER_KEY_BYTES
-    blocks = budget // (per_token * BLOCK_SIZE)
-    return blocks * BLOCK_SIZE * dcp
+    token ``budget.kv_bytes_per_token`` of a checkpoint with these layers (one MLA record per
+    layer, one indexer key per indexer layer); a DCP rank stores one token in ``dcp``, so the
+    engine reports ``dcp`` times its own slots."""
+    ckpt = {
+        "num_hidden_layers": layers,
+        "indexer_types": ["full"] * indexer_layers + ["shared"] * (layers - indexer_layers),
+    }
+    per_token = kv_bytes_per_token(ckpt, kv_cache_dtype)
+    return budget // (per_token * BLOCK_SIZE) * BLOCK_SIZE * dcp
 
 
 def _folder(path: Path, scratch: Path) -> Path:

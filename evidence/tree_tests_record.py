@@ -53,18 +53,13 @@ LOG_NAME = "tree-tests-h200.log"
 def _entry(
     rc: str | None, summary: str | None, last_node: str | None, seen: dict[str, int]
 ) -> dict[str, Any]:
-    counts: dict[str, int] = {}
+    """One file's run: its counts from pytest's summary line, or, without one (a time limit or
+    a crash cut it), from the outcomes its verbose lines reached."""
+    counts: dict[str, int] = {} if summary else dict(seen)
     for n, kind in COUNT.findall(summary or ""):
         key = "errors" if kind.startswith("error") else kind
         counts[key] = counts.get(key, 0) + int(n)
-    if not summary:
-        counts = dict(seen)
-    if rc is None:
-        status = "not run"
-    elif summary:
-        status = "finished"
-    else:
-        status = "cut"  # ended without pytest's summary: a time limit or a crash
+    status = "not run" if rc is None else "finished" if summary else "cut"
     return {
         "status": status,
         "rc": None if rc is None else int(rc),
@@ -102,17 +97,17 @@ def parse(text: str) -> dict[str, dict[str, Any]]:
 _RANK = {"not run": 0, "cut": 1, "finished": 2}
 
 
+def _progress(e: dict[str, Any]) -> tuple[int, int]:
+    """How far a run went: finished > cut > not run, then the most tests counted."""
+    return _RANK[e["status"]], sum(e["counts"].values())
+
+
 def merge(logs: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """One entry per file: the run that went furthest (finished > cut > not run, then the
-    most tests counted)."""
+    """One entry per file: the run that went furthest (``_progress``)."""
     out: dict[str, dict[str, Any]] = {}
     for log in logs:
         for name, e in log.items():
-            key = (_RANK[e["status"]], sum(e["counts"].values()))
-            if name not in out or key > (
-                _RANK[out[name]["status"]],
-                sum(out[name]["counts"].values()),
-            ):
+            if name not in out or _progress(e) > _progress(out[name]):
                 out[name] = e
     return out
 
