@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Write the cost-realistic MTP checkpoint the adaptive-depth benchmark runs on (seeded, no
+download): a GLM-5-class MoE whose step cost grows with the number of query tokens, and whose
+draft acceptance is set by construction (mtp_acceptance.py).
+
+Cost: every decoder layer is a GLM-5 MoE layer as one rank of a TP 4 GLM-5 deployment sees it:
+hidden 6144, 16 query heads of GLM-5's MLA (``q_lora_rank`` 2048, latent 512 + rope 64,
+``qk_nope`` 192, ``v_head_dim`` 256), the DSA indexer (64 x 128, top-k 2048, GLM-5's full/shared
+pattern), 128 routed experts of intermediate 512 (a TP 4 slice of GLM-5's 2048) with top-8
+sigmoid routing and one shared expert; 12 such layers and one MTP layer, about 34 GB in bf16.
+The router weights are random, so the ``q`` query tokens of one verification pick different
+experts and read more expert weights than one token: about 8, 15, 22, 29, 35, 41 distinct
+experts for q = 1..6, against the attention's fixed weights. At batch 1 the step is
+memory-bound; the benchmark measures what that makes of t(q).
+
+Values: every projection that writes into the residual stream is zero (attention and indexer
+weights, every expert and the shared expert), so each layer is the identity and the final
+hidden state at position t is the token's embedding ``E[x_t]``. Zero tensors are written as
+holes of a sparse ``model.safetensors``: the file is 34 GB long and takes about 1 GB of disk;
+the kernels read their zeros like any other bytes. What is not zero:
+
+* ``E`` (seeded Gaussian) as the target's and the MTP layer's embedding;
+* ``lm_head[succ[x]] = E[x] / |E[x]|``: the target's greedy next token is ``succ[x_t]``;
+* the MTP layer reads only the next token's embedding (``eh_proj = [I, 0]``) and its head is
+  ``head[draft[x]] = E[x] / |E[x]|``: it drafts ``draft[x]``, right exactly for the members of
+  mtp_acceptance.build_tables;
+* norms (ones) and the routers (seeded, N(0, 1/hidden)).
+
+``mtp_cost_ckpt.json`` beside the weights records the geometry, the byte counts, the seed, the
+layout and the sha256 of the tables, so the benchmark rebuilds them and refuses a mismatch.
+
+Usage:
+    python evidence/make_mtp_cost_ckpt.py --out <work>/mtp-cost
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import make_dsa_gate_ckpt as gate_ckpt
+import mtp_acceptance
+
+RECORD = "mtp_cost_ckpt.json"
+GEOMETRY: dict[str, int] = {
+    "layers": 12,
+    "hidden": 6144,
+    "heads": 16,
+    "experts": 128,
+    "top_k": 8,
+    "moe_intermediate": 512,
+    "vocab": 16384,
+    "max_positions": 16384,
+}
+DTYPE_BYTES = {"BF16": 2, "F32": 4}
+
+
+def make_config(g: dict[str, int]) -> dict[str, Any]:
+    """The HF config (GlmMoeDsaForCausalLM, every layer MoE) of geometry ``g``."""
+    for key, value in g.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SystemExit(f"--{key.replace('_', '-')} must be an int >= 1, got {value!r}")
+    if g["top_k"] > g["experts"]:
+        raise SystemExit(f"--top-k ({g['top_k']}) must not exceed --experts ({g['experts']})")
+    cfg = gate_ckpt.make_config("glm", g["layers"], g["heads"], g["max_positions"])
+    cfg.update(
+        vocab_size=g["vocab"],
+        hidden_size=g["hidden"],
+        intermediate_size=4 * g["moe_intermediate"],
+        moe_intermediate_size=g["moe_intermediate"],
+        n_routed_experts=g["experts"],
+        num_experts_per_tok=g["top_k"],
+        q_lora_rank=2048,
+        index_topk=2048,
+        first_k_dense_replace=0,
+        mlp_layer_types=["sparse"] * g["layers"],
+    )
+    return cfg
+
+
+def tensor_plan(cfg: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str, str]]:
+    """name -> (shape, safetensors dtype, fill) for the whole checkpoint. Fills: ``zero``
+    (a hole), ``ones``, ``embed``, ``head``, ``mtp_head``, ``eh_proj``, ``router``."""
+    n, h, vocab = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"]
+
+    def fill(name: str, kind: str) -> str:
+        if kind == "ones":
+            return "ones"
+        if name.endswith("mlp.gate.weight"):
+            return "router"
+        return "zero"
+
+    def dtype(name: str) -> str:
+        return "F32" if name.endswith("e_score_correction_bias") else "BF16"
+
+    plan: dict[str, tuple[tuple[int, ...], str, str]] = {
+        "model.embed_tokens.weight": ((vocab, h), "BF16", "embed"),
+        "model.norm.weight": ((h,), "BF16", "ones"),
+        "lm_head.weight": ((vocab, h), "BF16", "head"),
+    }
+    # indexer tensors on every layer: well defined whether or not a tree honours the pattern
+    for i in range(n + 1):
+        for k, (shape, kind) in gate_ckpt.layer_shapes(cfg, True, dense=False).items():
+            name = f"model.layers.{i}.{k}"
+            plan[name] = (shape, dtype(name), fill(name, kind))
+    p = f"model.layers.{n}"
+    plan |= {
+        f"{p}.embed_tokens.weight": ((vocab, h), "BF16", "embed"),
+        f"{p}.enorm.weight": ((h,), "BF16", "ones"),
+        f"{p}.hnorm.weight": ((h,), "BF16", "ones"),
+        f"{p}.eh_proj.weight": ((h, 2 * h), "BF16", "eh_proj"),
+        f"{p}.shared_head.norm.weight": ((h,), "BF16", "ones"),
+        f"{p}.shared_head.head.weight": ((vocab, h), "BF16", "mtp_head"),
+    }
+    return plan
+
+
+def nbytes(shape: tuple[int, ...], dtype: str) -> int:
+    return math.prod(shape) * DTYPE_BYTES[dtype]
+
+
+def make_fills(
+    cfg: dict[str, Any], tables: mtp_acceptance.Tables, seed: int
+) -> dict[str, Callable[[tuple[int, ...]], Any]]:
+    """fill -> function(shape) giving the torch tensor (checkpoint dtype) of every fill that
+    is not a hole. The embedding is drawn once and shared."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    emb = torch.randn(cfg["vocab_size"], cfg["hidden_size"], generator=gen).to(torch.bfloat16)
+    unit = emb.float() / emb.float().norm(dim=-1, keepdim=True)
+
+    def head(perm: list[int]) -> Any:
+        out = torch.empty_like(unit)
+        out[torch.tensor(perm)] = unit
+        return out.to(torch.bfloat16)
+
+    def eh_proj(shape: tuple[int, ...]) -> Any:
+        w = torch.zeros(shape, dtype=torch.bfloat16)
+        w[:, : shape[0]] = torch.eye(shape[0], dtype=torch.bfloat16)
+        return w
+
+    def router(shape: tuple[int, ...]) -> Any:
+        return (torch.randn(shape, generator=gen) / math.sqrt(shape[1])).to(torch.bfloat16)
+
+    return {
+        "ones": lambda shape: torch.ones(shape, dtype=torch.bfloat16),
+        "embed": lambda shape: emb,
+        "head": lambda shape: head(tables.succ),
+        "mtp_head": lambda shape: head(tables.draft),
+        "eh_proj": eh_proj,
+        "router": router,
+    }
+
+
+def raw_bytes(tensor: Any) -> bytes:
+    import torch
+
+    if tensor.dtype == torch.bfloat16:
+        return tensor.contiguous().view(torch.int16).numpy().tobytes()
+    return tensor.contiguous().numpy().tobytes()
+
+
+def write_sparse_safetensors(
+    path: Path,
+    plan: dict[str, tuple[tuple[int, ...], str, str]],
+    produce: Callable[[str, tuple[int, ...], str], bytes | None],
+) -> dict[str, int]:
+    """Write a safetensors file of ``plan`` whose tensors ``produce`` returns None for as
+    holes (zeros on read). Returns the file's length and the bytes written."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    at = 0
+    for name, (shape, dtype, _) in plan.items():
+        size = nbytes(shape, dtype)
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [at, at + size]}
+        at += size
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    start = 8 + len(blob)
+    written = 0
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("wb") as f:
+        f.write(len(blob).to_bytes(8, "little"))
+        f.write(blob)
+        for name, (shape, dtype, _) in plan.items():
+            data = produce(name, shape, dtype)
+            if data is None:
+                continue
+            expected = nbytes(shape, dtype)
+            if len(data) != expected:
+                raise ValueError(f"{name}: {len(data)} bytes, expected {expected}")
+            f.seek(start + header[name]["data_offsets"][0])
+            f.write(data)
+            written += len(data)
+        f.truncate(start + at)
+    os.replace(tmp, path)
+    return {"file_bytes": start + at, "bytes_written": written}
+
+
+def weight_bytes(cfg: dict[str, Any]) -> dict[str, int]:
+    """Bytes per decoder layer: its weights apart from the routed experts (attention, indexer,
+    shared expert, router, norms) and one routed expert."""
+    shapes = gate_ckpt.layer_shapes(cfg, True, dense=False)
+    expert = sum(
+        nbytes(s, "BF16") for k, (s, _) in shapes.items() if k.startswith("mlp.experts.0.")
+    )
+    layer = sum(
+        nbytes(s, "F32" if k.endswith("bias") else "BF16")
+        for k, (s, _) in shapes.items()
+        if not k.startswith("mlp.experts.")
+    )
+    return {"per_layer_fixed": layer, "per_expert": expert}
+
+
+def tables_digest(tables: mtp_acceptance.Tables) -> str:
+    blob = json.dumps({"succ": tables.succ, "draft": tables.draft}).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def write(out: Path, geometry: dict[str, int], seed: int = 0) -> dict[str, Any]:
+    """Write ``config.json``, the sparse ``model.safetensors`` and the record into ``out``;
+    returns the record."""
+    cfg = make_config(geometry)
+    layout = mtp_acceptance.Layout()
+    tables = mtp_acceptance.build_tables(cfg["vocab_size"], seed, layout)
+    errors = mtp_acceptance.check_tables(tables)
+    if errors:
+        raise SystemExit(f"tables: {'; '.join(errors)}")
+    plan = tensor_plan(cfg)
+    fills = make_fills(cfg, tables, seed)
+
+    def produce(name: str, shape: tuple[int, ...], dtype: str) -> bytes | None:
+        kind = plan[name][2]
+        return None if kind == "zero" else raw_bytes(fills[kind](shape))
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
+    sizes = write_sparse_safetensors(out / "model.safetensors", plan, produce)
+    record = {
+        "script": "evidence/make_mtp_cost_ckpt.py",
+        "geometry": geometry,
+        "seed": seed,
+        "layout": dataclasses.asdict(layout),
+        "profiles": {k: list(p.rates) for k, p in mtp_acceptance.PROFILES.items()},
+        "tables_sha256": tables_digest(tables),
+        "tensors": len(plan),
+        "parameters": sum(math.prod(s) for s, _, _ in plan.values()),
+        "weight_bytes": weight_bytes(cfg),
+        **sizes,
+    }
+    (out / RECORD).write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def load_tables(ckpt: Path) -> tuple[dict[str, Any], mtp_acceptance.Tables]:
+    """The record of a written checkpoint and its tables, rebuilt; raises if the rebuilt
+    tables differ from the ones the weights encode (another seed, layout or profile)."""
+    record = json.loads((ckpt / RECORD).read_text())
+    cfg = json.loads((ckpt / "config.json").read_text())
+    layout = mtp_acceptance.Layout(**record["layout"])
+    profiles = {k: list(p.rates) for k, p in mtp_acceptance.PROFILES.items()}
+    if profiles != record["profiles"]:
+        raise ValueError(f"{ckpt}: written with profiles {record['profiles']}, now {profiles}")
+    tables = mtp_acceptance.build_tables(cfg["vocab_size"], record["seed"], layout)
+    if tables_digest(tables) != record["tables_sha256"]:
+        raise ValueError(f"{ckpt}: the rebuilt tables differ from the ones written")
+    return record, tables
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    for key, value in GEOMETRY.items():
+        ap.add_argument(f"--{key.replace('_', '-')}", type=int, default=value)
+    args = ap.parse_args(argv)
+    geometry = {key: getattr(args, key) for key in GEOMETRY}
+    record = write(args.out, geometry, args.seed)
+    print(json.dumps({k: v for k, v in record.items() if k != "profiles"}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

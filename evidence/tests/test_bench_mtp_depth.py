@@ -1,0 +1,162 @@
+# SPDX-License-Identifier: Apache-2.0
+"""evidence/bench_mtp_depth.py without a GPU: its workloads on the checkpoint's tables, the
+controllers it forces (0012's leaf, in the test venv), the merge of its parts and its CLI."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+EVIDENCE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(EVIDENCE))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+
+import bench_mtp_depth as bench  # noqa: E402
+import mtp_acceptance as acc  # noqa: E402
+from venv_probe import needs_venv, run_probe  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tables() -> acc.Tables:
+    return acc.build_tables(16384, 0)
+
+
+def test_workloads_decode_the_content_they_are_named_for(tables: acc.Tables) -> None:
+    """Every request's generated tokens stay on its cycle's profile: prose and code on their
+    own, the stream in four phases (code, prose, code, prose), the mixed batch half and half
+    with no two requests sharing a token."""
+    for name, spec in bench.WORKLOADS.items():
+        prompts = bench.workload_prompts(tables, name)
+        assert len(prompts) == len(spec["requests"])
+        seen: set[int] = set()
+        for (cycle, _), prompt in zip(spec["requests"], prompts, strict=True):
+            assert len(prompt) == bench.PROMPT_LEN
+            out = bench.expected_tokens(tables, prompt, spec["tokens"])
+            pos = [tables.position(cycle, t) for t in out]
+            profiles = [tables.phase_of[cycle][p] for p in pos]
+            if cycle == "stream":
+                phase = acc.Layout().phase_len
+                assert [profiles[i * phase] for i in range(4)] == ["code", "prose"] * 2
+            else:
+                assert set(profiles) == {cycle}
+            assert seen.isdisjoint(prompt + out)
+            seen |= set(prompt + out)
+    kinds = [c for c, _ in bench.WORKLOADS["mixed_batch"]["requests"]]
+    assert kinds.count("prose") == kinds.count("code") == 4
+
+
+CONTROLLER_PROBE = r"""
+import json
+import bench_mtp_depth as bench
+
+run = object.__new__(bench._Run)
+trace = {}
+for mode, accepted in (("k3", 0), ("k3", 3), ("adaptive", None)):
+    ctl = run.controller(mode)
+    depths = []
+    for step in range(200):
+        d = ctl.depth
+        depths.append(d)
+        ctl.drafts_proposed("r", ctl.epoch)
+        ctl.verify("r", d, d if accepted is None else accepted)
+        ctl.end_step()
+    trace[f"{mode}-{accepted}"] = sorted(set(depths))
+    trace[f"{mode}-{accepted}-verifications"] = len(ctl.verifications)
+print(json.dumps(trace))
+"""
+
+
+@needs_venv
+def test_forced_controllers_hold_their_depth_and_adaptive_climbs() -> None:
+    """``kN`` is 0012's controller on the one-rung ladder (N,): it stays at N whatever is
+    accepted; ``adaptive`` is the default 2/4/5 controller and climbs when all is accepted.
+    Both record every verification the scheduler hands them."""
+    res = run_probe(CONTROLLER_PROBE, timeout=300)
+    assert res["k3-0"] == [3] and res["k3-3"] == [3]
+    assert res["adaptive-None"] == [2, 4, 5]
+    assert res["k3-0-verifications"] == 200
+
+
+def _part(mode_runs: dict[str, list[float]], workload: str) -> list[dict]:
+    return [
+        {
+            "workload": workload,
+            "mode": m,
+            "repeat": r,
+            "tokens": 512,
+            "wall_s": 512 / v,
+            "steps": 100,
+            "exact": True,
+        }
+        for m, vs in mode_runs.items()
+        for r, v in enumerate(vs)
+    ]
+
+
+def test_merge_reports_goals_curve_memory_and_completeness() -> None:
+    ckpt = {
+        "geometry": {},
+        "seed": 0,
+        "profiles": {},
+        "weight_bytes": {},
+        "file_bytes": 1,
+    }
+    runs = []
+    for w in bench.WORKLOADS:
+        runs += _part({"k2": [100, 101], "k5": [90, 95], "adaptive": [99, 100]}, w)
+    bench_part = {"runs": runs, "complete": True, "memory": {"graph_capture_gib": 1.2}}
+    nospec = {
+        "runs": _part({"nospec": [50, 50]}, "code") + _part({"nospec": [200]}, "mixed_batch"),
+        "complete": True,
+        "memory": {"graph_capture_gib": 0.3},
+    }
+    res = bench.merge(ckpt, bench_part, {"nospec": nospec})
+    assert res["complete"] and res["exact"]
+    assert res["bench_engine"]["repeats"] == 2
+    assert res["workloads"]["prose"]["best_fixed"] == "k2"
+    assert res["adaptive_over_best_fixed"]["code"] == pytest.approx((99 / 100 + 100 / 101) / 2)
+    assert set(res["step_curve"]["batch_1"]["step_ms"]) == {"1", "3", "6"}
+    assert res["stock_engines"]["nospec"]["memory"]["graph_capture_gib"] == 0.3
+    bad = dict(nospec, complete=False)
+    assert bench.merge(ckpt, bench_part, {"nospec": bad})["complete"] is False
+    runs[0]["exact"] = False
+    assert bench.merge(ckpt, bench_part, {"nospec": nospec})["exact"] is False
+
+
+def test_unknown_engine_is_refused_naming_the_valid_ones(capsys) -> None:
+    with pytest.raises(SystemExit):
+        bench.main(["run", "--ckpt", "x", "--work", "w", "--out", "o", "--engines", "k3"])
+    err = capsys.readouterr().err
+    assert "nospec,k2,k4,k5,adaptive" in err.replace(", ", ",")
+
+
+def _args(tmp_path: Path, left_s: float) -> object:
+    from bench_timing import Deadline
+
+    return type(
+        "Args",
+        (),
+        {
+            "ckpt": tmp_path,
+            "gpu_mem": 0.5,
+            "compile": "none",
+            "child_timeout_s": 60.0,
+            "min_child_s": 30.0,
+            "deadline": Deadline(left_s),
+        },
+    )()
+
+
+def test_a_complete_part_is_kept_and_no_child_starts_without_time(tmp_path: Path) -> None:
+    """A part a previous call finished is reused as it is; with less than --min-child-s left
+    no child starts and the part stays incomplete (nothing is run in either case: a child
+    would need vLLM)."""
+    done = tmp_path / "engine-k2.json"
+    done.write_text('{"runs": [], "complete": true, "memory": {"graph_capture_gib": 0.5}}')
+    rec = bench._child(_args(tmp_path, 1000), "engine", done, ["--mode", "k2"])
+    assert rec["reused"] and rec["memory"] == {"graph_capture_gib": 0.5}
+    rec = bench._child(_args(tmp_path, 10), "engine", tmp_path / "engine-k4.json", [])
+    assert rec["complete"] is False and "left" in rec["skipped"]
+    assert not (tmp_path / "engine-k4.log").exists()
