@@ -35,6 +35,7 @@
 # the README installs them.
 # `tests`: install and the tree tests alone (no bench, no gate), in the foreground, for
 # CALL_S less 40 s (or TREE_STAGE_S); carries what `first` carries.
+# `mtp`: install and the adaptive-depth benchmark alone (evidence/bench_mtp_depth.py; see there).
 # A call carries at most 64 MiB: this tree plus one staging part. ../shared/gpu's
 # stage-build.sh cuts 60 MiB parts, too large beside this tree (18.7 MiB with .gpu on
 # 2026-12-02 11:30Z; each landed lease adds ~1.5 MiB), so, here, before the lease:
@@ -236,7 +237,7 @@ gate_wait() {
   [ "$s" -gt 10 ] && python3 evidence/dcp_gate.py wait --work "$GATE" --seconds "$s" --dest "$DEST" \
     | tail -40
 }
-case "${1:?first|wait|tests|serve}" in
+case "${1:?first|wait|tests|serve|mtp}" in
   first)
     deadline=${2:-}
     [ -n "$deadline" ] || [ -n "${LEASE_END_S:-}" ] || { echo "first GATE_DEADLINE_S (or LEASE_END_S)"; exit 2; }
@@ -376,5 +377,29 @@ PY
     tar czf "$OUT/serve-logs.tgz" -C "$R/serve" --exclude ckpt . -C "$RES" serve.log \
       $(cd "$RES" && ls pip-install.log install.json 2>/dev/null)
     exit $rc ;;
-  *) echo "unknown phase $1 (first | wait | tests | serve)"; exit 2 ;;
+  mtp)
+    # The adaptive-depth benchmark alone on the GPU (evidence/bench_mtp_depth.py): install as
+    # in first (carry .gpu, the last part if not yet received, .gpu-overlay), write the
+    # cost-realistic checkpoint under $R/mtp unless a previous call did, run the benchmark on
+    # the patched tree until the call's end less 40 s. A part a previous call finished is
+    # kept, so repeating the call on the same warm machine finishes a benchmark its end cut.
+    # MTP_ARGS adds to the benchmark's arguments (e.g. "--repeats 1 --engines nospec").
+    # Brings back mtp-bench.tgz (result, parts, child logs) and lease-logs.tgz.
+    install_carried
+    VARIANT=patched source .gpu/device-env.sh
+    mkdir -p "$R/mtp/work"
+    if [ ! -f "$R/mtp/ckpt/mtp_cost_ckpt.json" ]; then
+      python3 evidence/make_mtp_cost_ckpt.py --out "$R/mtp/ckpt" > "$RES/mtp-ckpt.log" 2>&1 \
+        || { echo "checkpoint failed"; tail "$RES/mtp-ckpt.log"; pack_logs; exit 1; }
+    fi
+    # shellcheck disable=SC2086  # MTP_ARGS, word-split on purpose
+    python3 evidence/bench_mtp_depth.py run --ckpt "$R/mtp/ckpt" --work "$R/mtp/work" \
+      --out "$R/mtp/work/result.json" --deadline-s $(( $(left) - 40 )) ${MTP_ARGS:-} \
+      > "$RES/mtp-bench.log" 2>&1 < /dev/null
+    rc=$?
+    tail -5 "$RES/mtp-bench.log"
+    tar czf "$OUT/mtp-bench.tgz" -C "$R/mtp/work" .
+    pack_logs
+    exit $rc ;;
+  *) echo "unknown phase $1 (first | wait | tests | serve | mtp)"; exit 2 ;;
 esac

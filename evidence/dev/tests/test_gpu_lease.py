@@ -595,3 +595,31 @@ def test_serve_pip_installs_staged_wheels_and_serves_with_their_vllm_script(
     bad = lease_call(tree, env, "serve")
     assert bad.returncode == 1 and "differ from the overlay" in bad.stdout
     assert "serve_smoke.py" not in calls.read_text()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_mtp_phase_writes_the_checkpoint_once_and_runs_the_bench_to_the_calls_end(
+    tmp_path: Path,
+) -> None:
+    """`gpu_lease.sh mtp` installs, writes the cost-realistic checkpoint unless a previous
+    call did, runs the depth benchmark with a deadline inside the call and MTP_ARGS, and
+    returns mtp-bench.tgz and the lease logs; no gate, no tree test."""
+    tree, env, out, calls = stub_lease_tree(tmp_path)
+    done = lease_call(tree, {**env, "CALL_S": "300", "MTP_ARGS": "--repeats 1"}, "mtp")
+    done.check_returncode()
+    lines = calls.read_text().splitlines()
+    assert lines[0].startswith("device-recv ")
+    assert sum("make_mtp_cost_ckpt.py" in line for line in lines) == 1
+    bench = [line for line in lines if "bench_mtp_depth.py run" in line]
+    assert len(bench) == 1 and "--repeats 1" in bench[0]
+    deadline = int(bench[0].split("--deadline-s ")[1].split()[0])
+    assert 200 < deadline <= 260
+    assert not any("dcp_gate.py" in line or "-m pytest" in line for line in lines)
+    assert sorted(p.name for p in out.iterdir()) == ["lease-logs.tgz", "mtp-bench.tgz"]
+    # a second call on the same machine finds the checkpoint's record and keeps it
+    ckpt = tmp_path / "root" / "mtp" / "ckpt"
+    ckpt.mkdir(parents=True)
+    (ckpt / "mtp_cost_ckpt.json").write_text("{}")
+    calls.write_text("")
+    lease_call(tree, {**env, "CALL_S": "300"}, "mtp").check_returncode()
+    assert "make_mtp_cost_ckpt.py" not in calls.read_text()
