@@ -52,6 +52,7 @@ import mtp_acceptance
 import mtp_depth_report as report
 
 PROMPT_LEN = 32
+WARMUP_TOKENS = 64
 WORKLOADS: dict[str, dict[str, Any]] = {
     "prose": {"requests": [("prose", 1000)], "tokens": 512},
     "code": {"requests": [("code", 1000)], "tokens": 512},
@@ -149,11 +150,11 @@ class _Run:
         ctl.verifications = []
         return ctl
 
-    def run(self, workload: str, mode: str | None) -> dict[str, Any]:
+    def run(self, workload: str, mode: str | None, tokens: int | None = None) -> dict[str, Any]:
         from vllm import SamplingParams
 
         prompts = workload_prompts(self.tables, workload)
-        n = WORKLOADS[workload]["tokens"]
+        n = tokens or WORKLOADS[workload]["tokens"]
         params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
         ctl = self.controller(mode) if mode is not None else None
         if ctl is not None:
@@ -193,8 +194,11 @@ def child_bench(args: argparse.Namespace) -> int:
         llm = LLM(**engine_kwargs(args.ckpt, BENCH_SPEC, args.gpu_mem, args.compile))
         part["startup_s"] = round(time.time() - t0, 1)
         runner = _Run(llm, tables)
-        for mode in report.MODES:  # warm-up: every mode once, short
-            runner.run("prose", mode)
+        # warm-up: every mode at batch 1 and batch 8, short, so that no kernel is compiled
+        # for a new shape inside a timed run (the MoE's Triton kernel is, per token count)
+        for mode in report.MODES:
+            for workload in ("prose", "mixed_batch"):
+                part.setdefault("warmup", []).append(runner.run(workload, mode, WARMUP_TOKENS))
         for r in range(args.repeats):
             for w, workload in enumerate(WORKLOADS):
                 for mode in report.mode_order(r, w):

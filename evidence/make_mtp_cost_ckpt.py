@@ -20,11 +20,16 @@ hidden state at position t is the token's embedding ``E[x_t]``. Zero tensors are
 holes of a sparse ``model.safetensors``: the file is 34 GB long and takes about 1 GB of disk;
 the kernels read their zeros like any other bytes. What is not zero:
 
-* ``E`` (seeded Gaussian) as the target's and the MTP layer's embedding;
+* ``E`` (seeded Gaussian): a member's embedding (mtp_acceptance.build_tables) lives on the
+  first half of the hidden dimensions, a miss's on the second half;
 * ``lm_head[succ[x]] = E[x] / |E[x]|``: the target's greedy next token is ``succ[x_t]``;
-* the MTP layer reads only the next token's embedding (``eh_proj = [I, 0]``) and its head is
-  ``head[draft[x]] = E[x] / |E[x]|``: it drafts ``draft[x]``, right exactly for the members of
-  mtp_acceptance.build_tables;
+* the MTP layer reads only the next token's embedding, through ``eh_proj = [M, 0]`` with ``M``
+  the identity on the first half and minus the identity on the second. vLLM
+  0.34 gives an MTP layer the target's ``lm_head`` (``load_eagle_model`` replaces every
+  ``shared_head.head``; this file's copy equals it), so the MTP layer drafts ``succ[x]`` for a
+  member and, for a miss, the successor of the token whose embedding points most nearly
+  opposite its own: a wrong draft, by a wide margin (its own successor's logit is the most
+  negative). ``check_drafts`` computes both argmaxes from the written bf16 tensors;
 * norms (ones) and the routers (seeded, N(0, 1/hidden)).
 
 ``mtp_cost_ckpt.json`` beside the weights records the geometry, the byte counts, the seed, the
@@ -62,6 +67,9 @@ GEOMETRY: dict[str, int] = {
     "max_positions": 16384,
 }
 DTYPE_BYTES = {"BF16": 2, "F32": 4}
+MIN_MISS_MARGIN = 1.0
+"""A miss's right token must trail its (wrong) draft by this many logits: bf16 reordering on
+the GPU moves a logit by far less, so the draft stays wrong there too."""
 
 
 def make_config(g: dict[str, int]) -> dict[str, Any]:
@@ -89,7 +97,7 @@ def make_config(g: dict[str, int]) -> dict[str, Any]:
 
 def tensor_plan(cfg: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str, str]]:
     """name -> (shape, safetensors dtype, fill) for the whole checkpoint. Fills: ``zero``
-    (a hole), ``ones``, ``embed``, ``head``, ``mtp_head``, ``eh_proj``, ``router``."""
+    (a hole), ``ones``, ``embed``, ``head``, ``eh_proj``, ``router``."""
     n, h, vocab = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"]
 
     def fill(name: str, kind: str) -> str:
@@ -119,7 +127,7 @@ def tensor_plan(cfg: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str, st
         f"{p}.hnorm.weight": ((h,), "BF16", "ones"),
         f"{p}.eh_proj.weight": ((h, 2 * h), "BF16", "eh_proj"),
         f"{p}.shared_head.norm.weight": ((h,), "BF16", "ones"),
-        f"{p}.shared_head.head.weight": ((vocab, h), "BF16", "mtp_head"),
+        f"{p}.shared_head.head.weight": ((vocab, h), "BF16", "head"),
     }
     return plan
 
@@ -135,18 +143,23 @@ def make_fills(
     is not a hole. The embedding is drawn once and shared."""
     import torch
 
+    h = cfg["hidden_size"]
     gen = torch.Generator().manual_seed(seed)
-    emb = torch.randn(cfg["vocab_size"], cfg["hidden_size"], generator=gen).to(torch.bfloat16)
+    emb = torch.randn(cfg["vocab_size"], h, generator=gen)
+    member = torch.tensor(tables.member)
+    emb[member, h // 2 :] = 0
+    emb[~member, : h // 2] = 0
+    emb = emb.to(torch.bfloat16)
     unit = emb.float() / emb.float().norm(dim=-1, keepdim=True)
 
-    def head(perm: list[int]) -> Any:
+    def head(shape: tuple[int, ...]) -> Any:
         out = torch.empty_like(unit)
-        out[torch.tensor(perm)] = unit
+        out[torch.tensor(tables.succ)] = unit
         return out.to(torch.bfloat16)
 
     def eh_proj(shape: tuple[int, ...]) -> Any:
         w = torch.zeros(shape, dtype=torch.bfloat16)
-        w[:, : shape[0]] = torch.eye(shape[0], dtype=torch.bfloat16)
+        w[:, :h] = flip_matrix(h).to(torch.bfloat16)
         return w
 
     def router(shape: tuple[int, ...]) -> Any:
@@ -155,10 +168,61 @@ def make_fills(
     return {
         "ones": lambda shape: torch.ones(shape, dtype=torch.bfloat16),
         "embed": lambda shape: emb,
-        "head": lambda shape: head(tables.succ),
-        "mtp_head": lambda shape: head(tables.draft),
+        "head": head,
         "eh_proj": eh_proj,
         "router": router,
+    }
+
+
+def flip_matrix(h: int) -> Any:
+    """``M``: the identity on the first ``h // 2`` coordinates, minus the identity on the rest
+    (exact in bf16)."""
+    import torch
+
+    m = torch.eye(h)
+    m[h // 2 :, h // 2 :] *= -1
+    return m
+
+
+def check_drafts(
+    tensors: dict[str, Any], cfg: dict[str, Any], tables: mtp_acceptance.Tables
+) -> dict[str, Any]:
+    """The greedy next token of the target and the MTP layer's draft for every token, from the
+    checkpoint's bf16 tensors in closed form (identity layers; vLLM's MTP head = the target's
+    lm_head), against the tables: the target must give ``succ``, the MTP layer ``succ`` exactly
+    for the members, and a miss's draft must lose to its wrong winner by ``min_miss_margin``."""
+    import torch
+
+    n, eps = cfg["num_hidden_layers"], cfg["rms_norm_eps"]
+    p = f"model.layers.{n}"
+
+    def rms(x: Any) -> Any:
+        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(torch.bfloat16).float()
+
+    emb = tensors["model.embed_tokens.weight"].float()
+    head = tensors["lm_head.weight"].float()
+    succ = torch.tensor(tables.succ)
+    member = torch.tensor(tables.member)
+    target_ok = drafts_ok = True
+    min_margin = float("inf")
+    for lo in range(0, emb.shape[0], 2048):
+        x = emb[lo : lo + 2048]
+        logits = rms(x) @ head.T
+        target_ok &= bool((logits.argmax(-1) == succ[lo : lo + 2048]).all())
+        e = rms(x) * tensors[f"{p}.enorm.weight"].float()
+        hid = (e @ tensors[f"{p}.eh_proj.weight"].float()[:, : x.shape[1]].T).to(torch.bfloat16)
+        logits = rms(hid.float()) @ head.T
+        drafts = logits.argmax(-1)
+        right = drafts == succ[lo : lo + 2048]
+        drafts_ok &= bool((right == member[lo : lo + 2048]).all())
+        miss = ~member[lo : lo + 2048]
+        if miss.any():
+            own = logits[miss].gather(1, succ[lo : lo + 2048][miss][:, None])[:, 0]
+            min_margin = min(min_margin, float((logits[miss].max(-1).values - own).min()))
+    return {
+        "target_is_succ": target_ok,
+        "drafts_match_members": drafts_ok,
+        "min_miss_margin": min_margin,
     }
 
 
@@ -242,6 +306,22 @@ def write(out: Path, geometry: dict[str, int], seed: int = 0) -> dict[str, Any]:
         kind = plan[name][2]
         return None if kind == "zero" else raw_bytes(fills[kind](shape))
 
+    named = {
+        name: fills[plan[name][2]](plan[name][0])
+        for name in (
+            "model.embed_tokens.weight",
+            "lm_head.weight",
+            f"model.layers.{cfg['num_hidden_layers']}.eh_proj.weight",
+        )
+    }
+    named[f"model.layers.{cfg['num_hidden_layers']}.enorm.weight"] = fills["ones"](
+        (cfg["hidden_size"],)
+    )
+    drafts = check_drafts(named, cfg, tables)
+    if not (drafts["target_is_succ"] and drafts["drafts_match_members"]) or not (
+        drafts["min_miss_margin"] > MIN_MISS_MARGIN
+    ):
+        raise SystemExit(f"the weights do not draft the tables: {drafts}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
     sizes = write_sparse_safetensors(out / "model.safetensors", plan, produce)
@@ -252,6 +332,7 @@ def write(out: Path, geometry: dict[str, int], seed: int = 0) -> dict[str, Any]:
         "layout": dataclasses.asdict(layout),
         "profiles": {k: list(p.rates) for k, p in mtp_acceptance.PROFILES.items()},
         "tables_sha256": tables_digest(tables),
+        "draft_check": drafts,
         "tensors": len(plan),
         "parameters": sum(math.prod(s) for s, _, _ in plan.values()),
         "weight_bytes": weight_bytes(cfg),
