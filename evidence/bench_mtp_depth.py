@@ -28,8 +28,9 @@ The parent merges the parts into one result (``--out``): per workload the tokens
 mode (median, min, max), adaptive over each fixed depth as paired ratios, the goal, the step
 time curve t(q) and the graph memory per engine. A part is rewritten after every run, so a
 killed run leaves what finished; ``complete`` says whether every planned run did. A part that
-is complete in ``--work`` is kept, so a benchmark cut by a deadline is finished by running the
-same command again (on a GPU lease: one child per call if need be).
+is complete in ``--work`` is kept and the bench child keeps the runs of a part a deadline cut,
+so a benchmark cut by a deadline is finished by running the same command again (on a GPU
+lease: one more call; the repeat a cut run belonged to is then finished in a new engine).
 
     python evidence/bench_mtp_depth.py --ckpt <work>/mtp-cost --work <work>/mtp-bench \
         --out results/mtp-adaptive-cost-h100-0.34.0.json
@@ -185,11 +186,16 @@ class _Run:
 
 
 def child_bench(args: argparse.Namespace) -> int:
-    from vllm import LLM
-
     _, tables = make_mtp_cost_ckpt.load_tables(args.ckpt)
     part: dict[str, Any] = {"role": "bench", "spec": BENCH_SPEC, "runs": [], "complete": False}
+    if args.part.is_file():  # a call cut this child: keep its runs and do the rest
+        done = json.loads(args.part.read_text())
+        part["runs"] = [r for r in done.get("runs", []) if r.get("repeat", -1) < args.repeats]
+        part["resumed"] = done.get("resumed", 0) + 1
+    finished = {(r["repeat"], r["workload"], r["mode"]) for r in part["runs"]}
     try:
+        from vllm import LLM
+
         t0 = time.time()
         llm = LLM(**engine_kwargs(args.ckpt, BENCH_SPEC, args.gpu_mem, args.compile))
         part["startup_s"] = round(time.time() - t0, 1)
@@ -202,6 +208,8 @@ def child_bench(args: argparse.Namespace) -> int:
         for r in range(args.repeats):
             for w, workload in enumerate(WORKLOADS):
                 for mode in report.mode_order(r, w):
+                    if (r, workload, mode) in finished:
+                        continue
                     run = runner.run(workload, mode)
                     run["repeat"] = r
                     part["runs"].append(run)
@@ -215,11 +223,11 @@ def child_bench(args: argparse.Namespace) -> int:
 
 
 def child_engine(args: argparse.Namespace) -> int:
-    from vllm import LLM
-
     _, tables = make_mtp_cost_ckpt.load_tables(args.ckpt)
     part: dict[str, Any] = {"role": "engine", "mode": args.mode, "runs": [], "complete": False}
     try:
+        from vllm import LLM
+
         t0 = time.time()
         llm = LLM(**engine_kwargs(args.ckpt, ENGINE_MODES[args.mode], args.gpu_mem, args.compile))
         part["startup_s"] = round(time.time() - t0, 1)

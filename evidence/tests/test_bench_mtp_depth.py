@@ -4,6 +4,7 @@ controllers it forces (0012's leaf, in the test venv), the merge of its parts an
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -160,3 +161,28 @@ def test_a_complete_part_is_kept_and_no_child_starts_without_time(tmp_path: Path
     rec = bench._child(_args(tmp_path, 10), "engine", tmp_path / "engine-k4.json", [])
     assert rec["complete"] is False and "left" in rec["skipped"]
     assert not (tmp_path / "engine-k4.log").exists()
+
+
+def test_a_cut_bench_part_keeps_its_runs_and_plans_only_the_rest(tmp_path: Path) -> None:
+    """The bench child resumes a part a deadline cut: the runs it finished are kept and
+    skipped, nothing else is (the engine itself cannot start here, so the child stops at the
+    LLM and records why, with the kept runs)."""
+    part = tmp_path / "bench.json"
+    kept = {"workload": "prose", "mode": "k2", "repeat": 0, "tokens": 1, "wall_s": 1.0}
+    dropped = dict(kept, repeat=5)
+    part.write_text(json.dumps({"runs": [kept, dropped], "complete": False}))
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    args = type(
+        "A", (), {"ckpt": ckpt, "part": part, "repeats": 2, "gpu_mem": 0.5, "compile": "none"}
+    )()
+    import make_mtp_cost_ckpt
+
+    real = make_mtp_cost_ckpt.load_tables
+    make_mtp_cost_ckpt.load_tables = lambda _: ({}, acc.build_tables(16384, 0))
+    try:
+        assert bench.child_bench(args) == 1
+    finally:
+        make_mtp_cost_ckpt.load_tables = real
+    rec = json.loads(part.read_text())
+    assert rec["runs"] == [kept] and rec["resumed"] == 1 and "error" in rec
