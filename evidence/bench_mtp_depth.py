@@ -45,6 +45,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -123,8 +124,41 @@ def engine_kwargs(
     return kw
 
 
+def timed_generate(
+    llm: Any,
+    tables: mtp_acceptance.Tables,
+    workload: str,
+    depths: list[int] | None,
+    tokens: int | None = None,
+) -> dict[str, Any]:
+    """One generate() of ``workload``: tokens, wall time, steps (and depth per step when the
+    scheduler's steps are recorded in ``depths``), and whether every token is the tables'."""
+    from vllm import SamplingParams
+
+    prompts = workload_prompts(tables, workload)
+    n = tokens or WORKLOADS[workload]["tokens"]
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
+    if depths is not None:
+        del depths[:]
+    t0 = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    got = [list(o.outputs[0].token_ids) for o in outs]
+    per_depth: dict[str, int] = {}
+    for d in depths or []:
+        per_depth[str(d)] = per_depth.get(str(d), 0) + 1
+    return {
+        "workload": workload,
+        "tokens": sum(len(g) for g in got),
+        "wall_s": wall,
+        "steps": len(depths) if depths is not None else None,
+        "steps_per_depth": per_depth,
+        "exact": got == [expected_tokens(tables, p, n) for p in prompts],
+    }
+
+
 class _Run:
-    """What one generate() call of the bench child observed."""
+    """The bench child's engine: runs a workload under a forced controller."""
 
     def __init__(self, llm: Any, tables: mtp_acceptance.Tables) -> None:
         from gate.spec_metrics import find_scheduler, record_depths
@@ -151,38 +185,36 @@ class _Run:
         ctl.verifications = []
         return ctl
 
-    def run(self, workload: str, mode: str | None, tokens: int | None = None) -> dict[str, Any]:
-        from vllm import SamplingParams
-
-        prompts = workload_prompts(self.tables, workload)
-        n = tokens or WORKLOADS[workload]["tokens"]
-        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
-        ctl = self.controller(mode) if mode is not None else None
-        if ctl is not None:
-            self.scheduler.adaptive_depth = ctl
-        assert self.depths is not None
-        del self.depths[:]
-        t0 = time.perf_counter()
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        wall = time.perf_counter() - t0
-        got = [list(o.outputs[0].token_ids) for o in outs]
-        want = [expected_tokens(self.tables, p, n) for p in prompts]
-        depth_steps: dict[str, int] = {}
-        for d in self.depths:
-            depth_steps[str(d)] = depth_steps.get(str(d), 0) + 1
-        out: dict[str, Any] = {
-            "workload": workload,
-            "mode": mode,
-            "tokens": sum(len(g) for g in got),
-            "wall_s": wall,
-            "steps": len(self.depths),
-            "steps_per_depth": depth_steps,
-            "exact": got == want,
-        }
-        if ctl is not None:
-            out["acceptance_per_position"] = report.acceptance_per_position(ctl.verifications, 5)
-            out["verifications"] = len(ctl.verifications)
+    def run(self, workload: str, mode: str, tokens: int | None = None) -> dict[str, Any]:
+        ctl = self.controller(mode)
+        self.scheduler.adaptive_depth = ctl
+        out = timed_generate(self.llm, self.tables, workload, self.depths, tokens)
+        out["mode"] = mode
+        out["acceptance_per_position"] = report.acceptance_per_position(ctl.verifications, 5)
+        out["verifications"] = len(ctl.verifications)
         return out
+
+
+def run_part(path: Path, part: dict[str, Any], body: Callable[[dict[str, Any]], None]) -> int:
+    """Run ``body(part)``; ``complete`` if it returns, the error if it raises; the part is
+    written either way."""
+    try:
+        body(part)
+        part["complete"] = True
+    except Exception as e:  # noqa: BLE001 - recorded in the part
+        part["error"] = repr(e)
+        part["traceback"] = traceback.format_exc()[-4000:]
+    _write(path, part)
+    return 0 if part["complete"] else 1
+
+
+def _llm(args: argparse.Namespace, spec: dict[str, Any] | None, part: dict[str, Any]) -> Any:
+    from vllm import LLM
+
+    t0 = time.time()
+    llm = LLM(**engine_kwargs(args.ckpt, spec, args.gpu_mem, args.compile))
+    part["startup_s"] = round(time.time() - t0, 1)
+    return llm
 
 
 def child_bench(args: argparse.Namespace) -> int:
@@ -193,13 +225,9 @@ def child_bench(args: argparse.Namespace) -> int:
         part["runs"] = [r for r in done.get("runs", []) if r.get("repeat", -1) < args.repeats]
         part["resumed"] = done.get("resumed", 0) + 1
     finished = {(r["repeat"], r["workload"], r["mode"]) for r in part["runs"]}
-    try:
-        from vllm import LLM
 
-        t0 = time.time()
-        llm = LLM(**engine_kwargs(args.ckpt, BENCH_SPEC, args.gpu_mem, args.compile))
-        part["startup_s"] = round(time.time() - t0, 1)
-        runner = _Run(llm, tables)
+    def body(part: dict[str, Any]) -> None:
+        runner = _Run(_llm(args, BENCH_SPEC, part), tables)
         # warm-up: every mode at batch 1 and batch 8, short, so that no kernel is compiled
         # for a new shape inside a timed run (the MoE's Triton kernel is, per token count)
         for mode in report.MODES:
@@ -210,65 +238,28 @@ def child_bench(args: argparse.Namespace) -> int:
                 for mode in report.mode_order(r, w):
                     if (r, workload, mode) in finished:
                         continue
-                    run = runner.run(workload, mode)
-                    run["repeat"] = r
-                    part["runs"].append(run)
+                    part["runs"].append(runner.run(workload, mode) | {"repeat": r})
                     _write(args.part, part)
-        part["complete"] = True
-    except Exception as e:  # noqa: BLE001 - recorded in the part
-        part["error"] = repr(e)
-        part["traceback"] = traceback.format_exc()[-4000:]
-    _write(args.part, part)
-    return 0 if part["complete"] else 1
+
+    return run_part(args.part, part, body)
 
 
 def child_engine(args: argparse.Namespace) -> int:
     _, tables = make_mtp_cost_ckpt.load_tables(args.ckpt)
     part: dict[str, Any] = {"role": "engine", "mode": args.mode, "runs": [], "complete": False}
-    try:
-        from vllm import LLM
 
-        t0 = time.time()
-        llm = LLM(**engine_kwargs(args.ckpt, ENGINE_MODES[args.mode], args.gpu_mem, args.compile))
-        part["startup_s"] = round(time.time() - t0, 1)
+    def body(part: dict[str, Any]) -> None:
         from gate.spec_metrics import record_depths
 
+        llm = _llm(args, ENGINE_MODES[args.mode], part)
         depths = record_depths(llm)
-        from vllm import SamplingParams
-
         for r in range(args.repeats):
             for workload in WORKLOADS:
-                prompts = workload_prompts(tables, workload)
-                n = WORKLOADS[workload]["tokens"]
-                params = SamplingParams(
-                    temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False
-                )
-                if depths is not None:
-                    del depths[:]
-                t = time.perf_counter()
-                outs = llm.generate(
-                    [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False
-                )
-                wall = time.perf_counter() - t
-                got = [list(o.outputs[0].token_ids) for o in outs]
-                part["runs"].append(
-                    {
-                        "workload": workload,
-                        "mode": args.mode,
-                        "repeat": r,
-                        "tokens": sum(len(g) for g in got),
-                        "wall_s": wall,
-                        "steps": len(depths) if depths is not None else None,
-                        "exact": got == [expected_tokens(tables, p, n) for p in prompts],
-                    }
-                )
+                run = timed_generate(llm, tables, workload, depths)
+                part["runs"].append(run | {"mode": args.mode, "repeat": r})
                 _write(args.part, part)
-        part["complete"] = True
-    except Exception as e:  # noqa: BLE001 - recorded in the part
-        part["error"] = repr(e)
-        part["traceback"] = traceback.format_exc()[-4000:]
-    _write(args.part, part)
-    return 0 if part["complete"] else 1
+
+    return run_part(args.part, part, body)
 
 
 def _write(path: Path, record: dict[str, Any]) -> None:
