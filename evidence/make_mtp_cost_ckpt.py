@@ -285,6 +285,11 @@ def weight_bytes(cfg: dict[str, Any]) -> dict[str, int]:
     return {"per_layer_fixed": layer, "per_expert": expert}
 
 
+def profile_rates() -> dict[str, list[float]]:
+    """The acceptance profiles the tables are drawn from, as the record keeps them."""
+    return {k: list(p.rates) for k, p in mtp_acceptance.PROFILES.items()}
+
+
 def tables_digest(tables: mtp_acceptance.Tables) -> str:
     blob = json.dumps({"succ": tables.succ, "draft": tables.draft}).encode()
     return hashlib.sha256(blob).hexdigest()
@@ -301,27 +306,17 @@ def write(out: Path, geometry: dict[str, int], seed: int = 0) -> dict[str, Any]:
         raise SystemExit(f"tables: {'; '.join(errors)}")
     plan = tensor_plan(cfg)
     fills = make_fills(cfg, tables, seed)
-
-    def produce(name: str, shape: tuple[int, ...], dtype: str) -> bytes | None:
-        kind = plan[name][2]
-        return None if kind == "zero" else raw_bytes(fills[kind](shape))
-
-    named = {
-        name: fills[plan[name][2]](plan[name][0])
-        for name in (
-            "model.embed_tokens.weight",
-            "lm_head.weight",
-            f"model.layers.{cfg['num_hidden_layers']}.eh_proj.weight",
-        )
-    }
-    named[f"model.layers.{cfg['num_hidden_layers']}.enorm.weight"] = fills["ones"](
-        (cfg["hidden_size"],)
-    )
-    drafts = check_drafts(named, cfg, tables)
+    # every tensor that is not a hole, made once (in plan order: the routers draw in turn)
+    data = {name: fills[kind](shape) for name, (shape, _, kind) in plan.items() if kind != "zero"}
+    drafts = check_drafts(data, cfg, tables)
     if not (drafts["target_is_succ"] and drafts["drafts_match_members"]) or not (
         drafts["min_miss_margin"] > MIN_MISS_MARGIN
     ):
         raise SystemExit(f"the weights do not draft the tables: {drafts}")
+
+    def produce(name: str, shape: tuple[int, ...], dtype: str) -> bytes | None:
+        return raw_bytes(data[name]) if name in data else None
+
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
     sizes = write_sparse_safetensors(out / "model.safetensors", plan, produce)
@@ -330,7 +325,7 @@ def write(out: Path, geometry: dict[str, int], seed: int = 0) -> dict[str, Any]:
         "geometry": geometry,
         "seed": seed,
         "layout": dataclasses.asdict(layout),
-        "profiles": {k: list(p.rates) for k, p in mtp_acceptance.PROFILES.items()},
+        "profiles": profile_rates(),
         "tables_sha256": tables_digest(tables),
         "draft_check": drafts,
         "tensors": len(plan),
@@ -348,7 +343,7 @@ def load_tables(ckpt: Path) -> tuple[dict[str, Any], mtp_acceptance.Tables]:
     record = json.loads((ckpt / RECORD).read_text())
     cfg = json.loads((ckpt / "config.json").read_text())
     layout = mtp_acceptance.Layout(**record["layout"])
-    profiles = {k: list(p.rates) for k, p in mtp_acceptance.PROFILES.items()}
+    profiles = profile_rates()
     if profiles != record["profiles"]:
         raise ValueError(f"{ckpt}: written with profiles {record['profiles']}, now {profiles}")
     tables = mtp_acceptance.build_tables(cfg["vocab_size"], record["seed"], layout)

@@ -136,7 +136,7 @@ def test_tables_of_another_layout_are_refused(tmp_path: Path) -> None:
     record = {
         "seed": 0,
         "layout": layout.__dict__,
-        "profiles": {k: list(p.rates) for k, p in mk.mtp_acceptance.PROFILES.items()},
+        "profiles": mk.profile_rates(),
         "tables_sha256": mk.tables_digest(tables),
     }
     (out / mk.RECORD).write_text(json.dumps(record))
