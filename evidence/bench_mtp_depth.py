@@ -52,6 +52,7 @@ from typing import Any
 import make_mtp_cost_ckpt
 import mtp_acceptance
 import mtp_depth_report as report
+from bench_timing import spread
 
 PROMPT_LEN = 32
 WARMUP_TOKENS = 64
@@ -332,9 +333,7 @@ def merge(
             "memory": part.get("memory"),
             "startup_s": part.get("startup_s"),
             "tokens_per_s": {
-                w: report.spread(
-                    [report.tokens_per_s(r) for r in part["runs"] if r["workload"] == w]
-                )
+                w: spread([report.tokens_per_s(r) for r in part["runs"] if r["workload"] == w])
                 for w in WORKLOADS
                 if any(r["workload"] == w for r in part.get("runs", []))
             },

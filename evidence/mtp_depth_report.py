@@ -16,6 +16,9 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+import mtp_acceptance
+from bench_timing import spread
+
 FIXED_MODES = ("k1", "k2", "k3", "k4", "k5")
 MODES = (*FIXED_MODES, "adaptive")
 LADDER = (2, 4, 5)
@@ -75,20 +78,6 @@ def read_engine_log(text: str) -> dict[str, float | None]:
     return out
 
 
-def spread(values: Sequence[float]) -> dict[str, float | int]:
-    """Median, min, max, n and the relative range (max - min) / median."""
-    if not values:
-        raise ValueError("no values")
-    med = statistics.median(values)
-    return {
-        "median": med,
-        "min": min(values),
-        "max": max(values),
-        "n": len(values),
-        "rel_range": (max(values) - min(values)) / med if med else 0.0,
-    }
-
-
 def tokens_per_s(run: dict[str, Any]) -> float:
     return run["tokens"] / run["wall_s"]
 
@@ -133,7 +122,8 @@ def summarize(runs: list[dict[str, Any]], workload: str) -> dict[str, Any]:
 
 def noise(samples_by_repeat: dict[int, float]) -> float:
     """The noise of one mode: its relative range over repeats, (max - min) / median."""
-    return float(spread(list(samples_by_repeat.values()))["rel_range"])
+    s = spread(list(samples_by_repeat.values()))
+    return (s["max"] - s["min"]) / s["median"] if s["median"] else 0.0
 
 
 def goal(workload: str, ratios: dict[str, dict[str, Any]], best: str) -> dict[str, Any] | None:
@@ -178,11 +168,5 @@ def step_curve(runs: list[dict[str, Any]], nospec: list[dict[str, Any]]) -> dict
 def acceptance_per_position(verifications: Sequence[Sequence[int]], depth: int) -> list[float]:
     """Unconditional acceptance per draft position over ``(drafted, accepted)`` pairs: the
     share of verifications that drafted position p whose draft at p was accepted."""
-    drafted = [0] * depth
-    accepted = [0] * depth
-    for n, a in verifications:
-        for p in range(min(n, depth)):
-            drafted[p] += 1
-            if p < a:
-                accepted[p] += 1
-    return [round(a / d, 4) if d else 0.0 for a, d in zip(accepted, drafted, strict=True)]
+    steps = (mtp_acceptance.Step(n, a) for n, a in verifications)
+    return [round(r, 4) for r in mtp_acceptance.acceptance(steps, depth)["unconditional"]]
