@@ -32,7 +32,7 @@ is complete in ``--work`` is kept and the bench child keeps the runs of a part a
 so a benchmark cut by a deadline is finished by running the same command again (on a GPU
 lease: one more call; the repeat a cut run belonged to is then finished in a new engine).
 
-    python evidence/bench_mtp_depth.py --ckpt <work>/mtp-cost --work <work>/mtp-bench \
+    python evidence/bench_mtp_depth.py run --ckpt <work>/mtp-cost --work <work>/mtp-bench \
         --out results/mtp-adaptive-cost-h100-0.34.0.json
 """
 
@@ -210,8 +210,10 @@ def run_part(path: Path, part: dict[str, Any], body: Callable[[dict[str, Any]], 
 
 
 def _llm(args: argparse.Namespace, spec: dict[str, Any] | None, part: dict[str, Any]) -> Any:
+    import vllm
     from vllm import LLM
 
+    part["vllm"] = vllm.__version__  # the imported tree's
     t0 = time.time()
     llm = LLM(**engine_kwargs(args.ckpt, spec, args.gpu_mem, args.compile))
     part["startup_s"] = round(time.time() - t0, 1)
@@ -313,18 +315,20 @@ def _child(args: argparse.Namespace, role: str, part: Path, extra: list[str]) ->
     return rec
 
 
+def _of(runs: list[dict[str, Any]], workload: str) -> list[dict[str, Any]]:
+    """The runs of one workload."""
+    return [r for r in runs if r["workload"] == workload]
+
+
 def merge(
     ckpt_record: dict[str, Any], bench: dict[str, Any], engines: dict[str, dict[str, Any]]
 ) -> dict[str, Any]:
     """The result: per-workload summaries, the step curve, graph memory, completeness."""
     runs = bench.get("runs", [])
-    nospec = [r for r in engines.get("nospec", {}).get("runs", []) if r["workload"] == "code"]
-    curve_b1 = report.step_curve([r for r in runs if r["workload"] == "code"], nospec)
-    nospec_b8 = [
-        r for r in engines.get("nospec", {}).get("runs", []) if r["workload"] == "mixed_batch"
-    ]
-    curve_b8 = report.step_curve([r for r in runs if r["workload"] == "mixed_batch"], nospec_b8)
-    workloads = {w: report.summarize([r for r in runs if r["workload"] == w], w) for w in WORKLOADS}
+    nospec = engines.get("nospec", {}).get("runs", [])
+    curve_b1 = report.step_curve(_of(runs, "code"), _of(nospec, "code"))
+    curve_b8 = report.step_curve(_of(runs, "mixed_batch"), _of(nospec, "mixed_batch"))
+    workloads = {w: report.summarize(_of(runs, w), w) for w in WORKLOADS}
     stock = {}
     for mode, part in engines.items():
         stock[mode] = {
@@ -333,9 +337,9 @@ def merge(
             "memory": part.get("memory"),
             "startup_s": part.get("startup_s"),
             "tokens_per_s": {
-                w: spread([report.tokens_per_s(r) for r in part["runs"] if r["workload"] == w])
+                w: spread([report.tokens_per_s(r) for r in _of(part.get("runs", []), w)])
                 for w in WORKLOADS
-                if any(r["workload"] == w for r in part.get("runs", []))
+                if _of(part.get("runs", []), w)
             },
             "exact": all(r["exact"] for r in part.get("runs", [])),
         }
@@ -388,7 +392,7 @@ def parent(args: argparse.Namespace) -> int:
         "one GPU; every mode of the bench runs in one engine (forced controllers), the stock "
         "engines run apart and are not interleaved with it"
     )
-    result["base"] = _vllm_version()
+    result["base"] = bench.get("vllm")
     result["compile"] = {"name": args.compile, "compilation_config": COMPILE[args.compile]}
     provenance.write_result(args.out, result)
     print(
@@ -403,24 +407,10 @@ def parent(args: argparse.Namespace) -> int:
     return 0 if result["complete"] else 1
 
 
-def _vllm_version() -> str | None:
-    try:
-        out = subprocess.run(
-            [sys.executable, "-c", "import vllm; print(vllm.__version__)"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        return out.stdout.strip().splitlines()[-1] if out.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, IndexError):
-        return None
-
-
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="role")
-    run = sub.add_parser("run", help="the whole benchmark (default)")
+    run = sub.add_parser("run", help="the whole benchmark")
     run.add_argument("--ckpt", type=Path, required=True)
     run.add_argument("--work", type=Path, required=True)
     run.add_argument("--out", type=Path, required=True)
