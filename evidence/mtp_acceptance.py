@@ -2,10 +2,12 @@
 """Draft acceptance set by construction: the token tables of the cost-realistic MTP checkpoint.
 
 The checkpoint (make_mtp_cost_ckpt.py) makes the target's greedy next token a fixed permutation
-``succ`` of the vocabulary and the MTP layer's draft another permutation ``draft``; a draft of
-token ``x`` is right exactly when ``draft[x] == succ[x]`` (``x`` is a *member*). This module
-builds those tables, with no torch and no vLLM, so that the acceptance a decode sees is known
-before any GPU runs and can be checked against what the engine reports.
+``succ`` of the vocabulary and the MTP layer's draft of token ``x`` right exactly when ``x`` is a
+*member*. This module builds those tables, with no torch and no vLLM, so that the acceptance a
+decode sees is known before any GPU runs and can be checked against what the engine reports.
+``draft`` stands in for the drafts: ``succ[x]`` for a member and, for a miss, a wrong token
+(a derangement, so the table stays a permutation). The checkpoint's wrong drafts are other wrong
+tokens; that changes nothing a decode counts, which stops at the first wrong draft.
 
 The vocabulary is cut into cycles of ``succ``; a request stays on the cycle of its prompt.
 Along each cycle, membership is drawn as a Markov chain on the length ``n`` of the run of
