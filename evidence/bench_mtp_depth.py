@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -320,6 +321,21 @@ def _of(runs: list[dict[str, Any]], workload: str) -> list[dict[str, Any]]:
     return [r for r in runs if r["workload"] == workload]
 
 
+def where_time_goes(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One workload's steps per depth per mode and the step-time account of each mode, on the
+    step curve of the workload's own fixed-depth runs."""
+    use = report.depth_use(runs)
+    curve = report.step_curve(runs, [])
+    walls: dict[str, list[float]] = {}
+    for run in runs:
+        walls.setdefault(run["mode"], []).append(1e3 * run["wall_s"])
+    measured = {m: statistics.median(v) for m, v in walls.items()}
+    return {
+        "depth_use": use,
+        "time_model": report.step_time_model(use, curve["step_ms"], measured),
+    }
+
+
 def merge(
     ckpt_record: dict[str, Any], bench: dict[str, Any], engines: dict[str, dict[str, Any]]
 ) -> dict[str, Any]:
@@ -328,7 +344,9 @@ def merge(
     nospec = engines.get("nospec", {}).get("runs", [])
     curve_b1 = report.step_curve(_of(runs, "code"), _of(nospec, "code"))
     curve_b8 = report.step_curve(_of(runs, "mixed_batch"), _of(nospec, "mixed_batch"))
-    workloads = {w: report.summarize(_of(runs, w), w) for w in WORKLOADS}
+    workloads = {
+        w: report.summarize(_of(runs, w), w) | where_time_goes(_of(runs, w)) for w in WORKLOADS
+    }
     stock = {}
     for mode, part in engines.items():
         stock[mode] = {
@@ -355,6 +373,8 @@ def merge(
             "error": bench.get("error"),
             "memory": bench.get("memory"),
             "startup_s": bench.get("startup_s"),
+            # calls a deadline cut, each finished by a new engine (its runs kept)
+            "resumed": bench.get("resumed", 0),
             "repeats": 1 + max((r["repeat"] for r in runs), default=-1),
         },
         "workloads": workloads,
@@ -364,6 +384,11 @@ def merge(
         "step_curve": {"batch_1": curve_b1, "batch_8": curve_b8},
         "stock_engines": stock,
         "exact": all(r["exact"] for r in runs) and all(s["exact"] for s in stock.values()),
+        # the measurements themselves, so that the summaries can be recomputed (remerge)
+        "runs": {
+            "bench": runs,
+            "engines": {mode: part.get("runs", []) for mode, part in engines.items()},
+        },
         "complete": bool(bench.get("complete"))
         and all(p.get("complete") for p in engines.values()),
     }
@@ -407,6 +432,30 @@ def parent(args: argparse.Namespace) -> int:
     return 0 if result["complete"] else 1
 
 
+def remerge(args: argparse.Namespace) -> int:
+    """The result recomputed on any machine from the parts a GPU run left in ``--work``:
+    the checkpoint record, command, revision, machine and base stay the GPU run's (from
+    ``--result``, the result that run wrote); ``summarized_by`` names this command."""
+    import provenance
+
+    like = json.loads(args.result.read_text())
+    bench = json.loads((args.work / "bench.json").read_text())
+    engines = {
+        mode: json.loads((args.work / f"engine-{mode}.json").read_text())
+        for mode in like.get("stock_engines", {})
+    }
+    result = merge(like["checkpoint"], bench, engines)
+    for key in ("note", "base", "compile", "command", "git_revision", "machine"):
+        if key in like:
+            result[key] = like[key]
+    result["summarized_by"] = {
+        "command": provenance.command([__file__, *args.argv] if args.argv else None),
+        "git_revision": provenance.git_revision(),
+    }
+    provenance.write_result(args.out, result)
+    return 0 if result["complete"] else 1
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="role")
@@ -432,6 +481,10 @@ def parser() -> argparse.ArgumentParser:
         help="start no child that would have less than --min-child-s of this left",
     )
     run.add_argument("--min-child-s", type=float, default=150)
+    again = sub.add_parser("remerge", help="recompute a result from its parts (no GPU)")
+    again.add_argument("--work", type=Path, required=True, help="the run's parts")
+    again.add_argument("--result", type=Path, required=True, help="the result the run wrote")
+    again.add_argument("--out", type=Path, required=True)
     for role in ("bench", "engine"):
         child = sub.add_parser(role, help=f"child process: {role}")
         child.add_argument("--ckpt", type=Path, required=True)
@@ -446,12 +499,15 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    args.argv = argv  # None: sys.argv
     if args.role == "bench":
         return child_bench(args)
     if args.role == "engine":
         return child_engine(args)
+    if args.role == "remerge":
+        return remerge(args)
     if args.role != "run":
-        parser().error("choose run, bench or engine")
+        parser().error("choose run, remerge, bench or engine")
     bad = [m for m in args.engines if m not in ENGINE_MODES]
     if bad:
         parser().error(f"--engines: unknown {bad}; valid: {', '.join(ENGINE_MODES)}")

@@ -165,6 +165,63 @@ def step_curve(runs: list[dict[str, Any]], nospec: list[dict[str, Any]]) -> dict
     }
 
 
+def depth_use(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per mode, what its steps did: the engine steps of a run, the steps at each depth, the
+    tokens per step, and the median acceptance per draft position; ``repeats_agree`` says
+    whether every repeat took the same steps (the tables make a run deterministic)."""
+    by_mode: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        if run.get("steps"):
+            by_mode.setdefault(run["mode"], []).append(run)
+    out: dict[str, dict[str, Any]] = {}
+    for mode, rs in by_mode.items():
+        first = rs[0]
+        positions = [r["acceptance_per_position"] for r in rs if r.get("acceptance_per_position")]
+        out[mode] = {
+            "steps": first["steps"],
+            "steps_per_depth": first.get("steps_per_depth") or {},
+            "tokens_per_step": round(first["tokens"] / first["steps"], 4),
+            "acceptance_per_position": [
+                round(statistics.median(p), 4) for p in zip(*positions, strict=True)
+            ]
+            if positions
+            else None,
+            "repeats_agree": all(
+                (r["steps"], r.get("steps_per_depth"))
+                == (first["steps"], first.get("steps_per_depth"))
+                for r in rs
+            ),
+        }
+    return out
+
+
+def step_time_model(
+    use: dict[str, dict[str, Any]], step_ms: dict[str, float], measured_ms: dict[str, float]
+) -> dict[str, dict[str, Any]]:
+    """Where a mode's time goes: its steps at each depth d times the step time t(d + 1) of the
+    curve, summed (``model_ms``), beside its measured median wall time (``measured_ms``).
+    Built from the same workload's fixed-depth runs, the curve reproduces each fixed depth by
+    construction; for the adaptive mode, whose steps mix depths, the model is a prediction, and
+    ``model_over_measured`` near 1 says its time is the steps it took at each depth. A mode with
+    a depth the curve lacks gets no model."""
+    out: dict[str, dict[str, Any]] = {}
+    for mode, u in use.items():
+        per_depth = u["steps_per_depth"]
+        if not per_depth or any(str(int(d) + 1) not in step_ms for d in per_depth):
+            continue
+        ms = {d: n * step_ms[str(int(d) + 1)] for d, n in per_depth.items()}
+        total = sum(ms.values())
+        out[mode] = {
+            "model_ms": round(total, 2),
+            "model_ms_per_depth": {d: round(v, 2) for d, v in sorted(ms.items())},
+            "measured_ms": round(measured_ms[mode], 2) if mode in measured_ms else None,
+            "model_over_measured": round(total / measured_ms[mode], 4)
+            if measured_ms.get(mode)
+            else None,
+        }
+    return out
+
+
 def acceptance_per_position(verifications: Sequence[Sequence[int]], depth: int) -> list[float]:
     """Unconditional acceptance per draft position over ``(drafted, accepted)`` pairs: the
     share of verifications that drafted position p whose draft at p was accepted."""

@@ -186,3 +186,47 @@ def test_a_cut_bench_part_keeps_its_runs_and_plans_only_the_rest(tmp_path: Path)
         make_mtp_cost_ckpt.load_tables = real
     rec = json.loads(part.read_text())
     assert rec["runs"] == [kept] and rec["resumed"] == 1 and "error" in rec
+
+
+def test_remerge_recomputes_the_result_and_keeps_the_gpu_runs_provenance(tmp_path: Path) -> None:
+    """From the parts a GPU run left and the result it wrote, `remerge` recomputes the same
+    summaries (with the raw runs inside), keeps that run's command, revision and machine, and
+    names itself in `summarized_by`."""
+    ckpt = {"geometry": {}, "seed": 0, "profiles": {}, "weight_bytes": {}, "file_bytes": 1}
+    runs = []
+    for w in bench.WORKLOADS:
+        runs += _part({"k2": [100, 101], "k5": [90, 95], "adaptive": [99, 100]}, w)
+    bench_part = {"runs": runs, "complete": True, "memory": {"graph_capture_gib": 1.2}}
+    k2 = {"runs": _part({"k2": [100]}, "code"), "complete": True, "memory": None}
+    (tmp_path / "bench.json").write_text(json.dumps(bench_part))
+    (tmp_path / "engine-k2.json").write_text(json.dumps(k2))
+    gpu = bench.merge(ckpt, bench_part, {"k2": k2}) | {
+        "command": "python3 evidence/bench_mtp_depth.py run ...",
+        "git_revision": "f" * 40,
+        "machine": {"gpus": [{"name": "NVIDIA H100 80GB HBM3"}]},
+        "base": "0.34.0",
+    }
+    gpu["adaptive_over_best_fixed"] = "stale"
+    (tmp_path / "result.json").write_text(json.dumps(gpu))
+    out = tmp_path / "again.json"
+    rc = bench.main(
+        [
+            "remerge",
+            "--work",
+            str(tmp_path),
+            "--result",
+            str(tmp_path / "result.json"),
+            "--out",
+            str(out),
+        ]
+    )
+    again = json.loads(out.read_text())
+    assert rc == 0 and again["complete"]
+    assert (
+        again["adaptive_over_best_fixed"]
+        == bench.merge(ckpt, bench_part, {"k2": k2})["adaptive_over_best_fixed"]
+    )
+    assert again["machine"] == gpu["machine"] and again["git_revision"] == "f" * 40
+    assert again["command"] == gpu["command"] and again["base"] == "0.34.0"
+    assert "remerge" in again["summarized_by"]["command"]
+    assert len(again["runs"]["bench"]) == len(runs) and again["runs"]["engines"]["k2"]

@@ -124,3 +124,48 @@ def test_acceptance_per_position_is_unconditional() -> None:
         0.0,
         0.0,
     ]
+
+
+def _stepped(mode: str, depths: dict[str, int], wall_s: float, repeat: int = 0) -> dict:
+    steps = sum(depths.values())
+    return {
+        "mode": mode,
+        "repeat": repeat,
+        "tokens": 3 * steps,
+        "wall_s": wall_s,
+        "exact": True,
+        "steps": steps,
+        "steps_per_depth": depths,
+        "acceptance_per_position": [0.9, 0.5, 0.0, 0.0, 0.0],
+    }
+
+
+def test_depth_use_reports_steps_per_depth_and_whether_repeats_agree() -> None:
+    runs = [_stepped("adaptive", {"2": 4, "5": 3}, 1.0, r) for r in range(3)]
+    use = rep.depth_use(runs)["adaptive"]
+    assert use["steps"] == 7 and use["steps_per_depth"] == {"2": 4, "5": 3}
+    assert use["tokens_per_step"] == 3 and use["repeats_agree"] is True
+    runs.append(_stepped("adaptive", {"2": 5, "5": 3}, 1.0, 3))
+    assert rep.depth_use(runs)["adaptive"]["repeats_agree"] is False
+
+
+def test_time_model_is_steps_per_depth_times_the_curve() -> None:
+    """t(3) = 3 ms and t(6) = 6 ms from the fixed depths; adaptive's 4 steps at depth 2 and 3
+    at depth 5 model as 30 ms: against a measured 30 ms the account is whole (ratio 1), and a
+    run that took twice as long shows as 0.5."""
+    runs = [
+        _stepped("k2", {"2": 10}, 0.030),
+        _stepped("k5", {"5": 5}, 0.030),
+        _stepped("adaptive", {"2": 4, "5": 3}, 0.030),
+    ]
+    curve = rep.step_curve(runs, [])["step_ms"]
+    model = rep.step_time_model(rep.depth_use(runs), curve, {"adaptive": 30.0, "k2": 30.0})
+    assert model["adaptive"]["model_ms"] == pytest.approx(30.0)
+    assert model["adaptive"]["model_ms_per_depth"] == {"2": 12.0, "5": 18.0}
+    assert model["adaptive"]["model_over_measured"] == pytest.approx(1.0)
+    assert model["k2"]["model_over_measured"] == pytest.approx(1.0)
+    slow = rep.step_time_model(rep.depth_use(runs), curve, {"adaptive": 60.0})
+    assert slow["adaptive"]["model_over_measured"] == pytest.approx(0.5)
+    assert "k3" not in rep.step_time_model(
+        rep.depth_use([_stepped("k3", {"3": 2}, 0.01)]), curve, {}
+    )
