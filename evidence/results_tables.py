@@ -1610,6 +1610,15 @@ KIND_LINES: dict[str, Callable[[dict[str, Any]], str]] = {
 # What a record without a ``kind`` shows, by file name (``fnmatch`` patterns, first match).
 NAME_LINES: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
     (
+        "mtp-adaptive-cost-*.json",
+        lambda d: (
+            "Adaptive MTP depth (0012) vs fixed depths 1-5 in tokens/s on the cost-realistic "
+            f"target: {_n(d.get('workloads'))} workloads, "
+            f"{(d.get('bench_engine') or {}).get('repeats')} interleaved repeats, step-time "
+            "curve, graph memory per stock engine"
+        ),
+    ),
+    (
         "kernel-bench-*.json",
         lambda d: (
             f"Triton sparse-MLA kernel (0002) vs FlashMLA-sparse on fp8_ds_mla: "
@@ -1775,6 +1784,136 @@ def results_readme() -> tuple[str, list[str]]:
     return "\n".join(lines).rstrip() + "\n", unexplained
 
 
+MTP_MODES = ("k1", "k2", "k3", "k4", "k5", "adaptive")
+
+
+def _range(r: dict[str, Any] | None) -> str:
+    """A paired ratio as ``median [min-max]``."""
+    if not r:
+        return "-"
+    return f"{r['median']:.3f} [{r['min']:.3f}-{r['max']:.3f}]"
+
+
+def mtp_depth_table(name: str, d: dict[str, Any]) -> list[str]:
+    """The adaptive depth (0012) against every fixed depth on the cost-realistic target
+    (evidence/bench_mtp_depth.py): tokens/s, paired ratios and goals, where adaptive's time
+    went, the step-time curve and each stock engine's graph memory."""
+    out = [
+        f"### Adaptive MTP depth (0012) vs fixed depths, cost-realistic target ({card(d)}, "
+        f"{base_of(d)}), `{name}`",
+        "",
+        f"Revision {revision(d)}; {d['bench_engine']['repeats']} interleaved repeats per mode, "
+        f"one engine (ladder 1-5, forced controllers); every token exact: {d.get('exact')}; "
+        f"complete: {d.get('complete')}. Tokens/s are medians; adaptive / best fixed is the "
+        "median of paired ratios within a repeat [min-max].",
+        "",
+    ]
+    rows = []
+    for w, s in d["workloads"].items():
+        tps = s.get("tokens_per_s") or {}
+        goal = s.get("goal") or {}
+        rows.append(
+            [
+                w,
+                *[fmt((tps.get(m) or {}).get("median")) for m in MTP_MODES],
+                s.get("best_fixed", "-"),
+                _range((s.get("adaptive_over_fixed") or {}).get(s.get("best_fixed"))),
+                f"{goal.get('met')} / {goal.get('beyond_noise')}",
+            ]
+        )
+    out += table(
+        [
+            "workload",
+            *[f"{m} tok/s" for m in MTP_MODES],
+            "best fixed",
+            "adaptive / best fixed",
+            "goal met / beyond noise",
+        ],
+        rows,
+    )
+    rows = []
+    for w, s in d["workloads"].items():
+        use = (s.get("depth_use") or {}).get("adaptive") or {}
+        model = (s.get("time_model") or {}).get("adaptive") or {}
+        per_depth = ", ".join(
+            f"{k}: {v}" for k, v in sorted(use.get("steps_per_depth", {}).items())
+        )
+        best = (s.get("depth_use") or {}).get(s.get("best_fixed")) or {}
+        rows.append(
+            [
+                w,
+                per_depth or "-",
+                use.get("steps", "-"),
+                best.get("steps", "-"),
+                fmt(model.get("model_ms")),
+                fmt(model.get("measured_ms")),
+                ratio(model.get("model_over_measured")),
+            ]
+        )
+    out += table(
+        [
+            "workload",
+            "adaptive: steps at depth",
+            "adaptive steps",
+            "best fixed steps",
+            "model ms (steps x t(d + 1))",
+            "measured ms",
+            "model / measured",
+        ],
+        rows,
+    )
+    curve = d.get("step_curve") or {}
+    qs = sorted({q for c in curve.values() for q in (c.get("step_ms") or {})}, key=int)
+    out += table(
+        ["batch", *[f"t({q}) ms" for q in qs]],
+        [[b, *[fmt((c.get("step_ms") or {}).get(q)) for q in qs]] for b, c in curve.items()],
+    )
+    workloads = list(d["workloads"])
+    rows = []
+    for mode, e in (d.get("stock_engines") or {}).items():
+        mem = e.get("memory") or {}
+        rows.append(
+            [
+                mode,
+                fmt(mem.get("graph_capture_gib")),
+                fmt(mem.get("kv_cache_gib")),
+                fmt(e.get("startup_s")),
+                *[
+                    fmt(((e.get("tokens_per_s") or {}).get(w) or {}).get("median"))
+                    for w in workloads
+                ],
+            ]
+        )
+    mem = (d.get("bench_engine") or {}).get("memory") or {}
+    rows.append(
+        [
+            "bench engine (ladder 1-5)",
+            fmt(mem.get("graph_capture_gib")),
+            fmt(mem.get("kv_cache_gib")),
+            fmt(d["bench_engine"].get("startup_s")),
+            *["-" for _ in workloads],
+        ]
+    )
+    out += table(
+        [
+            "stock engine",
+            "CUDA graphs GiB",
+            "KV cache GiB",
+            "start s",
+            *[f"{w} tok/s" for w in workloads],
+        ],
+        rows,
+    )
+    return out
+
+
+def mtp_depth_section() -> list[str]:
+    out: list[str] = []
+    for name, d in load("mtp-adaptive-cost-*.json"):
+        out += mtp_depth_table(name, d)
+    return out
+
+
 def render() -> str:
     lines = [
         "# Evidence tables",
@@ -1792,6 +1931,7 @@ def render() -> str:
         tool_section,
         export_section,
         serve_section,
+        mtp_depth_section,
         memory_section,
     ):
         lines += section()
