@@ -344,9 +344,10 @@ def merge(
     nospec = engines.get("nospec", {}).get("runs", [])
     curve_b1 = report.step_curve(_of(runs, "code"), _of(nospec, "code"))
     curve_b8 = report.step_curve(_of(runs, "mixed_batch"), _of(nospec, "mixed_batch"))
-    workloads = {
-        w: report.summarize(_of(runs, w), w) | where_time_goes(_of(runs, w)) for w in WORKLOADS
-    }
+    workloads = {}
+    for w in WORKLOADS:
+        runs_w = _of(runs, w)
+        workloads[w] = report.summarize(runs_w, w) | where_time_goes(runs_w)
     stock = {}
     for mode, part in engines.items():
         stock[mode] = {

@@ -28,6 +28,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "evidence"))
 from gate.verdict import acceptance  # noqa: E402  (the spec-decode counters, read once)
+from mtp_depth_report import MODES as MTP_MODES  # noqa: E402  (the depth bench's modes)
 
 RESULTS = REPO / "results"
 OUT = REPO / "design" / "results.md"
@@ -1782,9 +1783,6 @@ def results_readme() -> tuple[str, list[str]]:
         *table(["file", "what it shows", "where it ran", "revision"], rows),
     ]
     return "\n".join(lines).rstrip() + "\n", unexplained
-
-
-MTP_MODES = ("k1", "k2", "k3", "k4", "k5", "adaptive")
 
 
 def _range(r: dict[str, Any] | None) -> str:
