@@ -1105,6 +1105,10 @@ def _subject_of(key: str) -> str:
         return "packed-CKV route vs query route"
     if key == "fp8wire-vs-auto":
         return "fp8 wire vs bf16 wire"
+    if key == "b12x":
+        return "b12x DCP transport vs DCP = 1"
+    if key == "b12x-vs-a2a":
+        return "b12x DCP transport vs a2a"
     m = re.fullmatch(r"merge-(\w+)(-vs-auto)?", key)
     if m:
         return f"{m.group(1)} top-k merge vs " + ("auto" if m.group(2) else "DCP = 1")

@@ -108,6 +108,11 @@ if [ "${1:-}" = stage ]; then
   bash .gpu/overlay-build.sh build/vllm build/base/vllm > /dev/null \
     && "$PY" evidence/dev/tree_tests_bundle.py build/vllm .gpu-tests > /dev/null \
     || { echo "overlay or test bundle failed"; exit 1; }
+  # the b12x overlay wheel (make wheel): 0015's dcp_comm_backend="b12x" imports b12x, which
+  # the staged closure lacks (it stages vLLM's requirements without extras); install_carried
+  # puts it into the patched tree
+  b12x_whl=$(ls dist/b12x-*+dcp.*-py3-none-any.whl 2>/dev/null | tail -1)
+  if [ -n "$b12x_whl" ]; then mkdir -p .gpu-overlay/b12x-wheel && cp "$b12x_whl" .gpu-overlay/b12x-wheel/; fi
   parts=$(ls -d .gpu-parts/[0-9]* | sort); last=$(echo "$parts" | tail -1)
   big=$(for d in $parts; do kib "$d"; done | sort -n | tail -1)
   lastcall=$(( tree + $(kib "$last" .gpu-overlay .gpu-tests) ))
@@ -224,6 +229,14 @@ install_carried() {
   fi
   bash .gpu/device-install.sh && bash .gpu/device-overlay.sh > "$RES/overlay.log" 2>&1 \
     || { echo "install/overlay failed"; tail "$RES/overlay.log"; exit 1; }
+  # the carried b12x overlay wheel (stage), into the patched tree: first on a patched rank's
+  # PYTHONPATH, so `import b12x` is the pinned b12x, not flashinfer's embedded copy
+  if ls .gpu-overlay/b12x-wheel/b12x-*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile \
+      --target "${GPU_ROOT:-$HOME}/gpu-vllm-patched" .gpu-overlay/b12x-wheel/b12x-*.whl \
+      > "$RES/b12x-install.log" 2>&1 \
+      || { echo "b12x wheel install failed"; tail "$RES/b12x-install.log"; exit 1; }
+  fi
 }
 gate_start() {
   # GATE_ONLY: the comma-separated runs of the suites to run (dcp_gate.py --only)

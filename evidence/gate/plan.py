@@ -27,8 +27,11 @@ VARIANTS = ("stock", "patched")
 # engine_extra: what the series adds to EngineArgs (patched only) and MTP (both trees).
 PREFILL_ROUTES = ("query", "packed_ckv", "ckv", "auto")  # packed_ckv: vLLM 0.34; ckv, auto: 0.33
 WIRE_DTYPES = ("auto", "fp8")
+# vLLM's ag_rs and a2a; b12x: the series' 0015 (its PCIe DCP channel)
+COMM_BACKENDS = ("ag_rs", "a2a", "b12x")
 MERGE_BACKENDS = ("auto", "cutedsl", "triton", "torch")
 ENGINE_EXTRA_KEYS = (
+    "dcp_comm_backend",
     "dcp_prefill_route",
     "dcp_wire_dtype",
     "dcp_comm_ledger_size",
@@ -84,6 +87,13 @@ def engine_extra_problems(extra: dict[str, Any], variant: str, dcp: int) -> list
         out.append(f"dcp_wire_dtype {wire!r}; valid: {', '.join(WIRE_DTYPES)}")
     if "dcp_wire_dtype" in extra:
         series.append("dcp_wire_dtype")
+    comm = extra.get("dcp_comm_backend")
+    if comm is not None and comm not in COMM_BACKENDS:
+        out.append(f"dcp_comm_backend {comm!r}; valid: {', '.join(COMM_BACKENDS)}")
+    if comm == "b12x":
+        series.append("dcp_comm_backend b12x")
+        if dcp < 2:
+            out.append("dcp_comm_backend b12x needs dcp >= 2")
     ledger = extra.get("dcp_comm_ledger_size", 0)
     if isinstance(ledger, bool) or not isinstance(ledger, int) or ledger < 0:
         out.append(f"dcp_comm_ledger_size must be an int >= 0, got {ledger!r}")

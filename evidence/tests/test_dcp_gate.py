@@ -554,7 +554,13 @@ def test_the_needle_tops_every_indexer_row_and_draws_attention():
     "kw, message",
     [
         ({"variant": "nightly"}, "valid: stock, patched"),
-        ({"variant": "patched", "dcp": 1, "engine_extra": {"bogus": 1}}, "valid: dcp_prefill"),
+        ({"variant": "patched", "dcp": 1, "engine_extra": {"bogus": 1}}, "valid: dcp_comm"),
+        (
+            {"variant": "patched", "tp": 2, "dcp": 2, "engine_extra": {"dcp_comm_backend": "x"}},
+            "valid: ag_rs, a2a, b12x",
+        ),
+        ({"tp": 2, "dcp": 2, "engine_extra": {"dcp_comm_backend": "b12x"}}, "patched series"),
+        ({"variant": "patched", "engine_extra": {"dcp_comm_backend": "b12x"}}, "dcp >= 2"),
         (
             {"variant": "patched", "tp": 2, "dcp": 2, "engine_extra": {"dcp_prefill_route": "x"}},
             "valid: query, packed_ckv, ckv, auto",

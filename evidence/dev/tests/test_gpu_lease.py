@@ -623,3 +623,22 @@ def test_mtp_phase_writes_the_checkpoint_once_and_runs_the_bench_to_the_calls_en
     calls.write_text("")
     lease_call(tree, {**env, "CALL_S": "300"}, "mtp").check_returncode()
     assert "make_mtp_cost_ckpt.py" not in calls.read_text()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_a_carried_b12x_wheel_is_installed_into_the_patched_tree(tmp_path: Path) -> None:
+    """The b12x overlay wheel that `stage` puts in .gpu-overlay/b12x-wheel is pip-installed,
+    without dependencies or the index, into the patched vLLM tree every call that installs;
+    a call without it installs nothing."""
+    tree, env, _, calls = stub_lease_tree(tmp_path)
+    lease_call(tree, {**env, "CALL_S": "300"}, "mtp").check_returncode()
+    assert "pip install" not in calls.read_text()
+    wheel = tree / ".gpu-overlay" / "b12x-wheel" / "b12x-1.5.1+dcp.0-py3-none-any.whl"
+    wheel.parent.mkdir()
+    wheel.write_text("wheel")
+    calls.write_text("")
+    lease_call(tree, {**env, "CALL_S": "300"}, "mtp").check_returncode()
+    (install,) = [line for line in calls.read_text().splitlines() if "pip install" in line]
+    patched = tmp_path / "home" / "gpu-vllm-patched"
+    assert f"--no-index --no-deps --no-compile --target {patched}" in install
+    assert install.endswith("b12x-1.5.1+dcp.0-py3-none-any.whl")
