@@ -52,6 +52,7 @@ TOKENS: dict[str, str] = {
     "nvfp4": "4-bit nvfp4_ds_mla KV records",
     "ckv": "DCP prefill over the packed-CKV route",
     "fp8wire": "DCP collectives carry fp8",
+    "b12x": "DCP collectives over b12x's PCIe channel (dcp_comm_backend b12x, 0015)",
     "ledger": "the DCP comm ledger on",
     "noledger": "the comm ledger's reference run, ledger off",
     "merge-torch": "top-k merge backend torch",
@@ -173,6 +174,7 @@ def contradictions(run: dict[str, Any]) -> list[str]:
         # packed_ckv on vLLM 0.34; ckv in the suites written on 0.33.0
         "ckv": extra.get("dcp_prefill_route") in ("packed_ckv", "ckv"),
         "fp8wire": extra.get("dcp_wire_dtype") == "fp8",
+        "b12x": extra.get("dcp_comm_backend") == "b12x",
         "prefixcache": bool(run.get("enable_prefix_caching")),
         "mtpadaptive": bool(spec.get("adaptive_speculative_tokens")),
     }
