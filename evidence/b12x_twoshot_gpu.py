@@ -144,28 +144,32 @@ def _run_world(variant: str, tree: Path, world: int, work: Path, timeout_s: floa
     }
 
 
+# b12x 1.5.1's bare launcher breaks both readers of the compile result: compile planning
+# (program_keys) and the plan's materialize (load_programs). b12x re-raises them wrapped
+# ("RuntimeError: ... TypeError: ..."), so they are looked for anywhere in the message.
+LAUNCH_CONTRACT_ERRORS = (
+    "executable carrier has no explicit dependencies",
+    "compile factory returned an unannotated function",
+)
+
+
 def _verdict(world_result: dict) -> str:
+    """``passed``; ``failed-before-launch(<contract messages>)`` when every operation of every
+    rank stopped on the launcher contract; ``no-result`` when a rank wrote nothing; else
+    ``failed``."""
     ranks = world_result["ranks"]
     if any("operations" not in r for r in ranks):
         return "no-result"
     ops = [op for r in ranks for op in r["operations"].values()]
     if all(op.get("passed") for op in ops):
         return "passed"
-    # b12x 1.5.1's bare launcher breaks both readers of the compile result: compile planning
-    # (program_keys) and the plan's materialize (load_programs).
-    contract = (
-        "TypeError: executable carrier has no explicit dependencies",
-        "TypeError: compile factory returned an unannotated function",
-    )
-    errors = {
-        op.get("error", "").split(":")[0] + ":" + op.get("error", "").split(":")[1]
-        if op.get("error", "").count(":")
-        else op.get("error", "")
-        for op in ops
-    }
-    if all(op.get("error", "").startswith(contract) for op in ops):
-        return f"failed-before-launch({' | '.join(sorted(errors))})"
-    return "failed"
+    found = set()
+    for op in ops:
+        hits = [c for c in LAUNCH_CONTRACT_ERRORS if c in op.get("error", "")]
+        if not hits:
+            return "failed"
+        found.update(hits)
+    return f"failed-before-launch({' | '.join(sorted(found))})"
 
 
 def main() -> int:
