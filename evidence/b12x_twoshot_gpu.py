@@ -44,6 +44,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 from patchset.safetar import extract  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
+
 SDIST_SHA256 = "dfda8b15c3dd45cd1e54bbec1b4b02530aba73a777dc35aa9bc36fe5f918f109"
 TOP_DIR = "b12x-1.5.1"
 OPERATIONS = ("reduce_scatter_fp8", "all_gather_fp8")
@@ -184,7 +187,8 @@ def main() -> int:
     if _sha256(args.sdist) != SDIST_SHA256:
         print(f"error: {args.sdist} is not the pinned b12x 1.5.1 sdist", file=sys.stderr)
         return 2
-    patches = sorted(args.patches.glob("*.patch"))
+    # absolute: `git apply` runs inside the unpacked tree
+    patches = sorted(args.patches.resolve().glob("*.patch"))
     if "patched" in args.variants.split(",") and not patches:
         # a wrong --patches folder once ran "patched" as stock without a word: refuse instead
         raise SystemExit(
@@ -214,8 +218,8 @@ def main() -> int:
                 run["verdict"] = _verdict(run)
                 print(f"{variant} world={world}: {run['verdict']}", flush=True)
                 result["runs"].append(run)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    # command, revision (DCP_GIT_REV on a device copy) and machine, as every result has them
+    provenance.write_result(args.out, result)
     print(f"wrote {args.out}")
     return 0
 
