@@ -266,6 +266,7 @@ case "${1:?first|wait|tests|serve|mtp}" in
     # built beside the benches (nvcc on 4 jobs; the benches' times are CUDA-graph replays)
     MAX_JOBS=4 setsid nohup python3 evidence/dev/prewarm_flashinfer.py > "$RES/prewarm-flashinfer.log" \
       2>&1 < /dev/null &
+    prewarm_pid=$!
     # the gate checkpoints need only the CPU: made beside the benches (the 22:37Z lease's gate
     # clock spent its first 3 minutes on them), on part of the cores
     OMP_NUM_THREADS=8 python3 evidence/dcp_gate.py checkpoints --suites "${GATE_SUITES:-all}" \
@@ -276,6 +277,14 @@ case "${1:?first|wait|tests|serve|mtp}" in
     stages=${BENCH_STAGES:-kernel topk}; [ "$stages" = none ] && stages=
     # shellcheck disable=SC2086  # the stage names, word-split on purpose
     RES="$RES/session" bash evidence/dev/gpu_h200_session.sh $stages
+    # the gates start once that build is done: a run started before it waits on FlashInfer's
+    # build lock with the gate clock running (the 17:03Z lease of 2026-12-07, BENCH_STAGES=none
+    # and no warm-up run, spent its whole 422 s deadline there); PREWARM_WAIT_S bounds the wait
+    waited=0
+    while kill -0 "$prewarm_pid" 2> /dev/null && [ "$waited" -lt "${PREWARM_WAIT_S:-480}" ]; do
+      sleep 2; waited=$(( waited + 2 ))
+    done
+    echo "flashinfer prewarm: waited ${waited} s"
     tail -1 "$RES/prewarm-flashinfer.log" 2>/dev/null
     wait "$ckpt_pid" || { echo "checkpoints failed"; tail -5 "$RES/checkpoints.log"; }
     # LEASE_END_S: seconds after this call's start by which the lease's last call ends (the
