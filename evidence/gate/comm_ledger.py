@@ -17,7 +17,11 @@ Guarantees:
   ``gate/ledger.py`` refuses it), the exception propagates unchanged.
 
 Phases: ``q_gather``, ``combine``, ``v_up_proj_combine`` and ``kv_gather``, the collectives the
-manager exposes. A phase's time includes what wrapped the collective before the ledger did (in
+manager exposes. A manager on b12x's channel (0015, ``dcp_comm_backend="b12x"``) records the
+steps the channel serves as ``q_gather_b12x`` and ``combine_b12x`` and the larger ones, which
+take its NCCL fallback, under the plain names; the channel moves what the NCCL all-gather and
+the a2a combine move (each rank reads its peers' query slices, and their partial outputs and
+LSE for its own heads), so the bytes use the same model and the two sit side by side. A phase's time includes what wrapped the collective before the ledger did (in
 the gate worker, the fault hook's LSE shift on ``combine``). The packed-CKV route's steps
 (0007), which 0009 also timed, run inside one method and are not recorded.
 """
@@ -30,7 +34,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-PHASES = ("q_gather", "combine", "v_up_proj_combine", "kv_gather")
+PHASES = (
+    "q_gather",
+    "combine",
+    "v_up_proj_combine",
+    "kv_gather",
+    "q_gather_b12x",
+    "combine_b12x",
+)
 CombineBytes = Callable[..., int]
 
 
@@ -139,12 +150,20 @@ def wrap_manager(
     layer = ledger.register_layer()
     n = manager.group.world_size
     backend = "a2a" if manager.use_a2a else "ag_rs"
+    b12x = getattr(manager, "b12x", None)
+
+    def on_channel(name: str, rows: int) -> str:
+        # the b12x transport's own branch: 1..max_num_tokens rows on the channel
+        if b12x is not None and 0 < rows <= b12x.max_num_tokens:
+            return f"{name}_b12x"
+        return name
 
     if manager.query_gather is not None:
         gather = manager.query_gather
 
         def query_gather(query: Any) -> Any:
-            with ledger.phase(layer, "q_gather", (n - 1) * query.numel() * query.element_size()):
+            nbytes = (n - 1) * query.numel() * query.element_size()
+            with ledger.phase(layer, on_channel("q_gather", query.shape[0]), nbytes):
                 return gather(query)
 
         manager.query_gather = query_gather
@@ -161,7 +180,7 @@ def wrap_manager(
             v_dim=partial_output.shape[-1],
             elem_bytes=partial_output.element_size(),
         )
-        with ledger.phase(layer, "combine", nbytes):
+        with ledger.phase(layer, on_channel("combine", rows), nbytes):
             return combine(partial_output, partial_lse, **kwargs)
 
     manager.combine = ledgered_combine

@@ -135,6 +135,30 @@ def test_ag_rs_managers_name_their_backend_and_absent_collectives_stay_absent() 
     assert seen == [(5, 16, 2, "ag_rs", 512, 2)]
 
 
+def test_steps_on_the_b12x_channel_are_named_apart_from_its_nccl_fallback() -> None:
+    """A manager with a b12x transport (0015) records 1..capacity rows as ``*_b12x`` phases
+    and larger or empty steps under the plain names, with the same byte model."""
+    led, _ = ledger()
+    seen: list = []
+    m = FakeManager(world=2)
+    m.b12x = SimpleNamespace(max_num_tokens=4)
+    comm_ledger.wrap_manager(m, led, recording_bytes(seen), v_up_proj_first_rows=8)
+    for rows in (1, 4, 5):
+        m.query_gather(FakeTensor(rows, 16, 576))
+        m.combine(FakeTensor(rows, 32, 512), None)
+    m.query_gather(FakeTensor(0, 16, 576))
+    layer = led.summary()["layers"]["mla_dcp.0"]
+    assert {k: v["calls"] for k, v in layer.items()} == {
+        "q_gather_b12x": 2,
+        "combine_b12x": 2,
+        "q_gather": 2,
+        "combine": 1,
+    }
+    assert layer["q_gather_b12x"]["wire_bytes"] == (1 + 4) * 16 * 576 * 2
+    assert layer["combine_b12x"]["wire_bytes"] == (1 + 4) * 16 * 512
+    assert [s[3] for s in seen] == ["a2a"] * 3
+
+
 def test_the_ring_keeps_the_last_capacity_calls_and_counts_every_call() -> None:
     led, _ = ledger(capacity=2)
     m = FakeManager()
