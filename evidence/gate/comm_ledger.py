@@ -21,8 +21,9 @@ manager exposes. A manager on b12x's channel (0015, ``dcp_comm_backend="b12x"``)
 steps the channel serves as ``q_gather_b12x`` and ``combine_b12x`` and the larger ones, which
 take its NCCL fallback, under the plain names; the channel moves what the NCCL all-gather and
 the a2a combine move (each rank reads its peers' query slices, and their partial outputs and
-LSE for its own heads), so the bytes use the same model and the two sit side by side. A phase's time includes what wrapped the collective before the ledger did (in
-the gate worker, the fault hook's LSE shift on ``combine``). The packed-CKV route's steps
+LSE for its own heads), so the bytes use the same model and the two sit side by side. A
+phase's time includes what wrapped the collective before the ledger did (in the gate worker,
+the fault hook's LSE shift on ``combine``). The packed-CKV route's steps
 (0007), which 0009 also timed, run inside one method and are not recorded.
 """
 
