@@ -154,10 +154,8 @@ def wrap_manager(
     b12x = getattr(manager, "b12x", None)
 
     def on_channel(name: str, rows: int) -> str:
-        # the b12x transport's own branch: 1..max_num_tokens rows on the channel
-        if b12x is not None and 0 < rows <= b12x.max_num_tokens:
-            return f"{name}_b12x"
-        return name
+        # the b12x transport's own branch (B12xDCPTransport.serves)
+        return f"{name}_b12x" if b12x is not None and b12x.serves(rows) else name
 
     if manager.query_gather is not None:
         gather = manager.query_gather

@@ -141,7 +141,7 @@ def test_steps_on_the_b12x_channel_are_named_apart_from_its_nccl_fallback() -> N
     led, _ = ledger()
     seen: list = []
     m = FakeManager(world=2)
-    m.b12x = SimpleNamespace(max_num_tokens=4)
+    m.b12x = SimpleNamespace(serves=lambda rows: 0 < rows <= 4)  # capacity 4
     comm_ledger.wrap_manager(m, led, recording_bytes(seen), v_up_proj_first_rows=8)
     for rows in (1, 4, 5):
         m.query_gather(FakeTensor(rows, 16, 576))
@@ -258,13 +258,15 @@ def test_the_ledger_key_never_reaches_vllm_and_needs_an_eager_run() -> None:
 
 PROBE = r"""
 import inspect, json
-from vllm.v1.attention.ops import dcp
+from vllm.v1.attention.ops import dcp, dcp_b12x
 from vllm.v1.attention.ops.dcp_wire_model import combine_bytes
 src = inspect.getsource(dcp.MLADCPManager.__init__)
 print(json.dumps({
     "assigned": [a for a in ("self.group =", "self.use_a2a =", "self.combine =",
-                             "self.query_gather =", "self.v_up_proj_combine")
+                             "self.query_gather =", "self.v_up_proj_combine",
+                             "self.b12x =")
                  if a in src],
+    "b12x_serves": callable(getattr(dcp_b12x.B12xDCPTransport, "serves", None)),
     "kv_gather": callable(getattr(dcp.MLADCPManager, "kv_gather", None)),
     "v_up_rows": dcp._V_UP_PROJ_FIRST_MIN_TOKENS,
     "params": list(inspect.signature(combine_bytes).parameters),
@@ -275,7 +277,7 @@ print(json.dumps({
 @needs_venv
 def test_the_patched_vllm_has_what_the_ledger_wraps() -> None:
     got = run_probe(PROBE, timeout=300)
-    assert len(got["assigned"]) == 5 and got["kv_gather"]
+    assert len(got["assigned"]) == 6 and got["kv_gather"] and got["b12x_serves"]
     assert isinstance(got["v_up_rows"], int) and got["v_up_rows"] > 0
     assert got["params"][:4] == ["num_rows", "num_local_heads", "dcp_size", "comm_backend"]
     assert {"v_dim", "elem_bytes"} <= set(got["params"])
