@@ -103,6 +103,37 @@ def gpu_count() -> int:
         return 0
 
 
+# What one rank process of a gate engine may hold at its peak (one-GPU emulation): the 12 ranks
+# of the TP 2 DCP 2 suite fit one 79 GiB H100 (2026-12-07 16:45Z lease); 16 ranks of TP 2 and
+# TP 4 runs did not (19:17Z lease: CUDA OOM at warm-up, the processes holding 3.1-7.1 GiB each).
+RANK_GIB = 6.5
+
+
+def gpu_memory_gib() -> float | None:
+    """The smallest visible GPU's memory in GiB (GATE_GPU_GIB overrides; None: unknown)."""
+    if os.environ.get("GATE_GPU_GIB"):
+        return float(os.environ["GATE_GPU_GIB"])
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        mib = [float(line) for line in out.stdout.split()]
+    except (OSError, subprocess.CalledProcessError, ValueError):
+        return None
+    return min(mib) / 1024 if mib else None
+
+
+def ranks_that_fit(max_ranks: int, gpus: int, gpu_gib: float | None, rank_gib: float) -> int:
+    """The rank processes to run at once: max_ranks, fewer where gpus x gpu_gib does not hold
+    that many ranks of rank_gib each (at least 1: a run larger than that still runs alone)."""
+    if not gpu_gib or rank_gib <= 0:
+        return max_ranks
+    return max(1, min(max_ranks, int(gpus * gpu_gib // rank_gib)))
+
+
 class Launch:
     """The rank processes of one run (each in its own process group)."""
 
@@ -328,10 +359,12 @@ def run_many(
     deadline_s: float,
     port0: int,
     warmup_hold_s: float = 240.0,
+    rank_gib: float = RANK_GIB,
 ) -> dict[str, dict[str, Any]]:
-    """Run the configurations, as many at once as max_ranks allows; stop at the deadline.
-    Warm-up runs start first; the others wait until the warm-up engines are up (the JIT
-    caches are then filled once) or warmup_hold_s has passed."""
+    """Run the configurations, as many at once as max_ranks and the GPUs' memory (rank_gib
+    per rank) allow; stop at the deadline. Warm-up runs start first; the others wait until
+    the warm-up engines are up (the JIT caches are then filled once) or warmup_hold_s has
+    passed."""
     orphans = end_orphan_ranks(work)
     if orphans:
         print(f"[gate] ended rank processes a killed suite left: {orphans}", flush=True)
@@ -340,6 +373,15 @@ def run_many(
     gpus = gpu_count()
     if gpus < 1:
         raise SystemExit("no GPU visible (nvidia-smi -L): the gates run on a GPU machine")
+    gpu_gib = gpu_memory_gib()
+    fit = ranks_that_fit(max_ranks, gpus, gpu_gib, rank_gib)
+    if fit < max_ranks:
+        print(
+            f"[gate] {fit} rank processes at once, not {max_ranks}: {gpus} GPU(s) of "
+            f"{gpu_gib:.0f} GiB hold {fit} ranks of {rank_gib} GiB",
+            flush=True,
+        )
+        max_ranks = fit
     pending = list(configs)
     active: list[Launch] = []
     results: dict[str, dict[str, Any]] = {}
@@ -780,7 +822,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
     starts = int(starts_file.read_text()) if starts_file.is_file() else 0
     starts_file.write_text(f"{starts + 1}\n")
     port = args.port + 1000 * (starts % 8)
-    run_many(configs, work, args.max_ranks, left, port, args.warmup_hold_s)
+    run_many(configs, work, args.max_ranks, left, port, args.warmup_hold_s, args.rank_gib)
     report(suite, work, Path(args.out))
     return 0
 
@@ -837,7 +879,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     argv = [sys.executable, str(HERE / "dcp_gate.py"), "suite", "--work", str(work)]
     argv += ["--out", str(out), "--deadline-s", f"{left:.0f}"]
     argv += ["--max-ranks", str(args.max_ranks), "--port", str(args.port)]
-    argv += ["--warmup-hold-s", str(args.warmup_hold_s)]
+    argv += ["--warmup-hold-s", str(args.warmup_hold_s), "--rank-gib", str(args.rank_gib)]
     for flag, value in (
         ("--suite", args.suite),
         ("--suites", args.suites),
@@ -1039,6 +1081,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=fn)
         if name in ("suite", "start"):
             p.add_argument("--max-ranks", type=int, default=16, help="rank processes at once")
+            p.add_argument(
+                "--rank-gib",
+                type=float,
+                default=RANK_GIB,
+                help="GPU memory one rank may hold: fewer ranks at once where the GPUs are "
+                "smaller (0: max-ranks alone)",
+            )
             p.add_argument("--deadline-s", type=float, default=3600.0)
             p.add_argument("--port", type=int, default=29600)
             p.add_argument(

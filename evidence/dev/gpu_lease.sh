@@ -240,9 +240,11 @@ install_carried() {
 }
 gate_start() {
   # GATE_ONLY: the comma-separated runs of the suites to run (dcp_gate.py --only)
-  # GATE_MAX_RANKS: rank processes at once (dcp_gate.py's default 16: four TP 4 engines)
+  # GATE_MAX_RANKS: rank processes at once (dcp_gate.py's default 16: four TP 4 engines),
+  # fewer where the GPU holds fewer ranks of GATE_RANK_GIB (dcp_gate.py's RANK_GIB; 0: off)
   python3 evidence/dcp_gate.py start --suites "${GATE_SUITES:-all}" --work "$GATE" \
-    ${GATE_ONLY:+--only "$GATE_ONLY"} ${GATE_MAX_RANKS:+--max-ranks "$GATE_MAX_RANKS"} "$@"
+    ${GATE_ONLY:+--only "$GATE_ONLY"} ${GATE_MAX_RANKS:+--max-ranks "$GATE_MAX_RANKS"} \
+    ${GATE_RANK_GIB:+--rank-gib "$GATE_RANK_GIB"} "$@"
 }
 gate_wait() {
   local s; s=$(( $(left) - 25 ))

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EVIDENCE = ROOT / "evidence"
 sys.path.insert(0, str(EVIDENCE))
 
+import dcp_gate  # noqa: E402
 import results_tables  # noqa: E402
 from gate import plan, verdict  # noqa: E402
 
@@ -353,6 +354,27 @@ def test_a_suite_runs_end_to_end_through_the_launcher(tmp_path: Path):
     assert hosts == {"FLASHMLA_SPARSE"} and len(run["attention_layers"]) == 2
     noise = json.loads((tmp_path / "out" / "dcp-gate-noise-f.json").read_text())
     assert noise["tolerance"]["noise_floor"] > 0
+
+
+@pytest.mark.parametrize(
+    "gpus, gib, rank_gib, expected",
+    [
+        (1, 79.2, 6.5, 12),
+        (1, 139.8, 6.5, 16),
+        (2, 79.2, 6.5, 16),
+        (1, None, 6.5, 16),
+        (1, 4.0, 6.5, 1),
+        (1, 79.2, 0.0, 16),
+    ],
+)
+def test_ranks_at_once_are_bounded_by_the_gpus_memory(gpus, gib, rank_gib, expected):
+    assert dcp_gate.ranks_that_fit(16, gpus, gib, rank_gib) == expected
+
+
+def test_a_suite_on_a_small_gpu_runs_fewer_ranks_at_once(tmp_path: Path):
+    proc = run_suite(tmp_path, GATE_GPU_GIB="13")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "2 rank processes at once, not 16" in proc.stdout
 
 
 def test_a_wrong_candidate_fails_its_gate(tmp_path: Path):
