@@ -285,6 +285,12 @@ class Launch:
             # DCP top-k merge backends each rank's indexer really called (worker's merge spy;
             # a run that asked for one and called another fails there)
             "merge_backends_seen": [(rec or {}).get("merge_backends_seen") for rec in ranks],
+            # each rank's GPU memory once its engine was up (gate/memory_probe.process_memory)
+            "device_memory": [
+                {"rank": r, **rec["device_memory"]}
+                for r, rec in enumerate(ranks)
+                if (rec or {}).get("device_memory")
+            ],
             # each rank's memory record (memory_probe runs; gate/memory.py judges them)
             "memory": [
                 {"rank": r, **rec["memory"]}

@@ -19,6 +19,11 @@ Times come from ranks sharing one GPU and talking over host sockets when the run
 
 ``--control RUN:PASS`` adds the observer check: the first entry's tokens and log-probs against
 the same configuration served without a ledger.
+
+Beside the bytes moved, each entry carries what each rank held on the GPU outside torch's
+allocator once its engine was up (``non_torch_bytes``, from NVML's per-process figure less
+torch's reserved bytes) and its difference to the first entry's: the memory a transport
+allocates for itself (the b12x channel's IPC slab, 0015) shows there.
 """
 
 from __future__ import annotations
@@ -81,6 +86,12 @@ def pass_ledger(run: dict[str, Any], pass_name: str) -> dict[str, Any]:
     return out
 
 
+def non_torch_bytes(run: dict[str, Any]) -> dict[str, int | None]:
+    """Per rank, the GPU memory the rank process held outside torch's allocator once its
+    engine was up (the run's ``device_memory``; empty for a run recorded without it)."""
+    return {str(m["rank"]): m.get("non_torch_bytes") for m in run.get("device_memory") or []}
+
+
 def prompt_digests(run: dict[str, Any], pass_name: str) -> dict[str, str]:
     records = (run.get("passes") or {}).get(pass_name) or {}
     return {key: rec["prompt_sha256"] for key, rec in sorted(records.items())}
@@ -140,14 +151,20 @@ def compare(
             "engine_extra": (run.get("config") or {}).get("engine_extra"),
             "transport": run.get("transport"),
             "per_rank": ledger,
+            "non_torch_bytes": non_torch_bytes(run),
         }
     base = rows[first_label]["per_rank"]
+    base_mem = rows[first_label]["non_torch_bytes"]
     for row in rows.values():
         row["wire_bytes_over_" + first_label] = {
             r: v["wire_bytes"] / base[r]["wire_bytes"]
             if base.get(r, {}).get("wire_bytes")
             else None
             for r, v in row["per_rank"].items()
+        }
+        row["non_torch_bytes_minus_" + first_label] = {
+            r: v - base_mem[r] if v is not None and base_mem.get(r) is not None else None
+            for r, v in row["non_torch_bytes"].items()
         }
     out = {
         "kind": "dcp_comm_ledger",
@@ -201,7 +218,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{ph} {v['wire_bytes_per_layer'] / 1e6:.1f} MB"
             for ph, v in r0.get("phases", {}).items()
         )
-        print(f"{label}: rank 0 {r0.get('wire_bytes_per_layer', 0) / 1e6:.1f} MB/layer ({phases})")
+        mem = row["non_torch_bytes"].get("0")
+        outside = "" if mem is None else f"; {mem / 2**20:.1f} MiB outside torch"
+        print(
+            f"{label}: rank 0 {r0.get('wire_bytes_per_layer', 0) / 1e6:.1f} MB/layer "
+            f"({phases}){outside}"
+        )
     if "observer_check" in result:
         print(f"observer check: {result['observer_check']}")
     return 0

@@ -408,6 +408,47 @@ def engine_figures(llm: Any) -> dict[str, Any]:
     }
 
 
+def nvml_process_bytes(pid: int) -> int | None:
+    """The GPU memory NVML charges to process ``pid``, summed over the visible devices (a
+    gate rank uses one); None where NVML cannot say (no pynvml, no driver, no entry)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML: the figure is unknown, not zero
+        return None
+    try:
+        used = [
+            proc.usedGpuMemory
+            for i in range(pynvml.nvmlDeviceGetCount())
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(
+                pynvml.nvmlDeviceGetHandleByIndex(i)
+            )
+            if proc.pid == pid and proc.usedGpuMemory is not None
+        ]
+    except Exception:  # noqa: BLE001
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+    return sum(used) if used else None
+
+
+def process_memory() -> dict[str, Any]:
+    """This rank process's GPU memory now: what NVML charges to it, what torch's allocator
+    holds (reserved) and hands out (allocated), and the difference of the first two, the
+    memory allocated outside torch (the CUDA context, NCCL's buffers, a DCP channel's IPC
+    slab). Per process, so valid with ranks sharing one GPU (the device's free memory is not)."""
+    cuda = _cuda()
+    used = nvml_process_bytes(os.getpid())
+    reserved = cuda.memory_reserved()
+    return {
+        "process_bytes": used,
+        "torch_reserved_bytes": reserved,
+        "torch_allocated_bytes": cuda.memory_allocated(),
+        "non_torch_bytes": None if used is None else used - reserved,
+    }
+
+
 def snapshot(llm: Any | None = None, reservation: Any = None) -> dict[str, Any]:
     """This rank's memory record so far (JSON-ready)."""
     cuda = _cuda()

@@ -64,6 +64,22 @@ def test_ledger_compares_bytes_per_rank_per_layer() -> None:
     json.dumps(out)  # a result file
 
 
+def test_ledger_sets_each_transports_memory_outside_torch_beside_the_first() -> None:
+    """A rank's non-torch bytes travel with its entry, with the difference to the first
+    entry's rank; a run recorded without them has none, and no difference."""
+    prompts = {"single/1024": "a"}
+    a2a = _run("a", prompts, {"q_gather": (1, 8)})
+    b12x = _run("b", prompts, {"q_gather_b12x": (1, 8)})
+    a2a["device_memory"] = [{"rank": r, "non_torch_bytes": 500 << 20} for r in (0, 1)]
+    b12x["device_memory"] = [{"rank": r, "non_torch_bytes": (500 << 20) + 7 * r} for r in (0, 1)]
+    old = _run("o", prompts, {"q_gather": (1, 8)})
+    out = ledger.compare({"a2a": (a2a, "clean"), "b12x": (b12x, "clean"), "old": (old, "clean")})
+    assert out["entries"]["b12x"]["non_torch_bytes_minus_a2a"] == {"0": 0, "1": 7}
+    assert out["entries"]["a2a"]["non_torch_bytes"]["1"] == 500 << 20
+    assert out["entries"]["old"]["non_torch_bytes"] == {}
+    assert out["entries"]["old"]["non_torch_bytes_minus_a2a"] == {}
+
+
 def test_ledger_refuses_other_prompts_and_missing_ledgers() -> None:
     """Runs that served other prompts, a pass without a ledger and a disarmed ledger are
     errors, not comparisons."""

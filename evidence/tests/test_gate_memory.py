@@ -748,3 +748,58 @@ def test_memory_result_is_named_for_its_suite_without_a_second_memory():
     assert memory.result_name("capacity-dcp") == "dcp-memory-capacity-dcp.json"
     assert memory.result_name("long") == "dcp-memory-long.json"
     assert memory.result_name(None) == "dcp-memory-suite.json"
+
+
+class _Proc:
+    def __init__(self, pid: int, used: int | None) -> None:
+        self.pid, self.usedGpuMemory = pid, used
+
+
+class _FakeNvml:
+    """pynvml's few calls the probe makes: two devices, each with its processes."""
+
+    def __init__(self, procs: list[list[_Proc]], fail: bool = False) -> None:
+        self.procs, self.fail, self.shut = procs, fail, 0
+
+    def nvmlInit(self) -> None:
+        if self.fail:
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    def nvmlShutdown(self) -> None:
+        self.shut += 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.procs)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[_Proc]:
+        return self.procs[handle]
+
+
+class _Cuda:
+    def memory_reserved(self) -> int:
+        return 3 << 30
+
+    def memory_allocated(self) -> int:
+        return 2 << 30
+
+
+def test_memory_outside_torch_is_the_process_figure_less_torchs_reserve(monkeypatch):
+    """NVML's figure for this process (its entries on every device summed, other processes'
+    ignored) less torch's reserved bytes; unknown, not zero, without NVML or an entry."""
+    import os
+
+    me = os.getpid()
+    nvml = _FakeNvml([[_Proc(me + 1, 9 << 30), _Proc(me, 3 << 30)], [_Proc(me, 600 << 20)]])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setattr(memory_probe, "_cuda", lambda: _Cuda())
+    mem = memory_probe.process_memory()
+    assert mem["process_bytes"] == (3 << 30) + (600 << 20)
+    assert mem["non_torch_bytes"] == 600 << 20
+    assert mem["torch_allocated_bytes"] == 2 << 30 and nvml.shut == 1
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml([[_Proc(me + 1, 1)]]))
+    assert memory_probe.process_memory()["non_torch_bytes"] is None
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml([], fail=True))
+    assert memory_probe.process_memory()["process_bytes"] is None
