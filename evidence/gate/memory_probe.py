@@ -408,12 +408,18 @@ def engine_figures(llm: Any) -> dict[str, Any]:
     }
 
 
+def _nvml() -> Any:
+    """NVML's Python bindings, as vLLM vendors them."""
+    from vllm.third_party import pynvml
+
+    return pynvml
+
+
 def nvml_process_bytes(pid: int) -> int | None:
     """The GPU memory NVML charges to process ``pid``, summed over the visible devices (a
     gate rank uses one); None where NVML cannot say (no pynvml, no driver, no entry)."""
     try:
-        import pynvml
-
+        pynvml = _nvml()
         pynvml.nvmlInit()
     except Exception:  # noqa: BLE001 - no NVML: the figure is unknown, not zero
         return None

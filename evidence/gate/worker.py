@@ -420,8 +420,12 @@ def main(config_path: str, out_dir: str) -> int:
         record["machine"] = machine_info()
         log(f"engine up in {record['engine_start_s']} s")
         record["attention_layers"] = llm.apply_model(attention_layers)[0]
-        # the rank's GPU memory once the engine is up (KV pool, weights, buffers outside torch)
-        record["device_memory"] = memory_probe.process_memory()
+        # the rank's GPU memory once the engine is up (KV pool, weights, buffers outside torch);
+        # a reading that fails is recorded, never the run's failure
+        try:
+            record["device_memory"] = memory_probe.process_memory()
+        except Exception as e:  # noqa: BLE001
+            record["device_memory"] = {"error": f"{type(e).__name__}: {e}"}
         try:
             record["cudagraph_mode"] = str(
                 llm.llm_engine.vllm_config.compilation_config.cudagraph_mode

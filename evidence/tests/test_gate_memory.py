@@ -793,13 +793,19 @@ def test_memory_outside_torch_is_the_process_figure_less_torchs_reserve(monkeypa
 
     me = os.getpid()
     nvml = _FakeNvml([[_Proc(me + 1, 9 << 30), _Proc(me, 3 << 30)], [_Proc(me, 600 << 20)]])
-    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setattr(memory_probe, "_nvml", lambda: nvml)
     monkeypatch.setattr(memory_probe, "_cuda", lambda: _Cuda())
     mem = memory_probe.process_memory()
     assert mem["process_bytes"] == (3 << 30) + (600 << 20)
     assert mem["non_torch_bytes"] == 600 << 20
     assert mem["torch_allocated_bytes"] == 2 << 30 and nvml.shut == 1
-    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml([[_Proc(me + 1, 1)]]))
+    monkeypatch.setattr(memory_probe, "_nvml", lambda: _FakeNvml([[_Proc(me + 1, 1)]]))
     assert memory_probe.process_memory()["non_torch_bytes"] is None
-    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml([], fail=True))
+    monkeypatch.setattr(memory_probe, "_nvml", lambda: _FakeNvml([], fail=True))
     assert memory_probe.process_memory()["process_bytes"] is None
+
+    def no_vllm() -> None:
+        raise ImportError("No module named 'vllm'")
+
+    monkeypatch.setattr(memory_probe, "_nvml", no_vllm)
+    assert memory_probe.process_memory()["non_torch_bytes"] is None
