@@ -264,10 +264,13 @@ case "${1:?first|wait|tests|serve|mtp}" in
       || { echo "carry .gpu-overlay and .gpu-tests in the first call"; exit 1; }
     source .gpu/device-env.sh
     # FlashInfer's trtllm all-reduce module, which every TP > 1 gate engine needs and whose
-    # JIT build held the 18:20Z lease's warm-up for 6 minutes (evidence/dev/prewarm_flashinfer.py):
-    # built beside the benches (nvcc on 4 jobs; the benches' times are CUDA-graph replays)
-    MAX_JOBS=4 setsid nohup python3 evidence/dev/prewarm_flashinfer.py > "$RES/prewarm-flashinfer.log" \
-      2>&1 < /dev/null &
+    # JIT build held the 18:20Z lease's warm-up for 6 minutes (evidence/dev/prewarm_flashinfer.py),
+    # built beside the benches (nvcc on 4 jobs; the benches' times are CUDA-graph replays);
+    # build/flashinfer-jit, when carried, is an earlier lease's build of it (files of a call's
+    # $OUT/flashinfer-jit), installed only where its key matches this machine
+    seed=; [ -f build/flashinfer-jit/trtllm_comm.json ] && seed=build/flashinfer-jit
+    MAX_JOBS=4 setsid nohup python3 evidence/dev/prewarm_flashinfer.py ${seed:+--seed "$seed"} \
+      --keep "$OUT/flashinfer-jit" > "$RES/prewarm-flashinfer.log" 2>&1 < /dev/null &
     prewarm_pid=$!
     # the gate checkpoints need only the CPU: made beside the benches (the 22:37Z lease's gate
     # clock spent its first 3 minutes on them), on part of the cores
