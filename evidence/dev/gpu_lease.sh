@@ -16,6 +16,10 @@
 # lease-logs.tgz); then it waits for the gates until the call's 600 s are nearly used.
 # `wait`: waits again (the gate daemon resumes itself if the previous call's end killed it)
 # and collects.
+# FlashInfer's trtllm_comm build (422 s on an H100) is kept in the first call's
+# $OUT/flashinfer-jit; copy those files to build/flashinfer-jit and carry that folder in a
+# later lease's first call: prewarm_flashinfer.py installs it where its key matches.
+# PREWARM_WAIT_S=0 starts the gates at once (their engines wait on FlashInfer's build lock).
 # Settings (environment): DCP_GIT_REV (the revision the records name), GATE_SUITES,
 # LEASE_END_S / GATE_COLLECT_S (first: fit the gates' deadline into the lease, see there),
 # BENCH_STAGES (default "kernel topk"; "none": no bench), KERNEL_BUDGET_S, TREE_STAGE_S / TREE_FILE_S and
