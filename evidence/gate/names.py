@@ -60,6 +60,7 @@ TOKENS: dict[str, str] = {
     "merge-cutedsl": "top-k merge backend cutedsl",
     "mtpN": "MTP speculation with N draft tokens",
     "mtpadaptive": "MTP with the adaptive depth (acceptance-driven)",
+    "seqsN": "max_num_seqs N (the rows of vLLM's DCP workspaces and of a b12x channel)",
     "prefixcache": "the prefix cache on (the repeat pass is a hit)",
     "unreserved": "memory control: the series' DCP reservation dropped entirely",
     "noalloc": "memory control: the DCP reservation's allocation dropped",
@@ -73,6 +74,7 @@ TOKENS: dict[str, str] = {
 _NAME = re.compile(r"^(?P<ckpt>[a-z0-9]+(?:-o[24])?)(?P<rest>(?:-[a-z0-9]+)*)$")
 _LENGTH = re.compile(r"^(\d+)k$|^1m$")
 _MTP = re.compile(r"mtp(\d+)")
+_SEQS = re.compile(r"seqs(\d+)")
 _BACKENDS = {"fa": "FLASH_ATTN_MLA_SPARSE", "flashmla": "FLASHMLA_SPARSE"}
 _KIND_VARIANT = {"p": "patched", "m": "patched", "c": "patched", "s": "stock"}
 """The variant each kind runs; these kinds' names must say TP and DCP."""
@@ -130,7 +132,7 @@ def decode(name: str) -> Claims:
             follow = next(words, None)
             token = w if follow is None else f"merge-{follow}"
             (claims.tokens if token in TOKENS else claims.unknown).append(token)
-        elif w in TOKENS or _MTP.fullmatch(w) or _LENGTH.match(w):
+        elif w in TOKENS or _MTP.fullmatch(w) or _SEQS.fullmatch(w) or _LENGTH.match(w):
             claims.tokens.append(w)
         else:
             claims.unknown.append(w)
@@ -200,6 +202,9 @@ def contradictions(run: dict[str, Any]) -> list[str]:
         out.append(f"{name}: says mtp{depth}, speculative_config {spec!r}")
     if depth is None and "mtpadaptive" not in tokens and spec:
         out.append(f"{name}: speculates ({spec.get('method')}) but the name does not say mtp")
+    seqs = next((int(m[1]) for t in tokens if (m := _SEQS.fullmatch(t))), None)
+    if seqs != run.get("max_num_seqs"):
+        out.append(f"{name}: max_num_seqs {run.get('max_num_seqs')!r} but the name says {seqs!r}")
     lens = [n for n in map(_prompt_len, c.tokens) if n]
     if lens and max(run.get("lens") or [0]) < lens[0] * 0.9:
         out.append(f"{name}: says {lens[0]}-token prompts, lens {run.get('lens')}")

@@ -181,6 +181,9 @@ class GateConfig:
     kv_cache_memory_bytes: int = 1 << 30
     gpu_memory_utilization: float = 0.03
     cudagraph_capture_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    # vLLM's max_num_seqs; None: 8 or the batch's size if larger. It sets the rows of vLLM's
+    # DCP workspaces (get_dcp_workspace_max_num_tokens), hence the b12x channel's slab
+    max_num_seqs: int | None = None
     # DCP rank whose partial the fault drops: -1 = the last one, or, with a needle
     # checkpoint, the rank that holds the needle (see __post_init__)
     fault_rank: int = -1
@@ -233,6 +236,15 @@ class GateConfig:
             out.append(
                 "the 'fault' pass needs enable_prefix_caching false: a prefix cached by the "
                 "clean pass would skip the faulted attention of the prompt"
+            )
+        if self.max_num_seqs is not None and (
+            not isinstance(self.max_num_seqs, int)
+            or isinstance(self.max_num_seqs, bool)
+            or self.max_num_seqs < len(self.batch_lens)
+        ):
+            out.append(
+                f"max_num_seqs must be an int >= the batch's {len(self.batch_lens)} prompts "
+                f"(or null), got {self.max_num_seqs!r}"
             )
         if self.max_tokens < 32:
             out.append(f"max_tokens must be >= 32, got {self.max_tokens}")

@@ -216,6 +216,8 @@ def test_gate_result_carries_the_schema_and_validate_catches_gaps():
         ({"passes": ("repeat",)}, "'clean' pass"),
         ({"passes": ("clean", "bogus")}, "unknown passes"),
         ({"lens": (40000,)}, "max_model_len"),
+        ({"max_num_seqs": 3}, "max_num_seqs"),
+        ({"max_num_seqs": True}, "max_num_seqs"),
     ],
 )
 def test_gate_config_rejects_bad_configurations(kw, message):
@@ -668,6 +670,15 @@ def test_worker_merges_the_extras_into_the_engine_arguments():
     assert kw["dcp_wire_dtype"] == "fp8" and kw["decode_context_parallel_size"] == 2
     assert kw["kernel_config"] == {"sparse_indexer_dcp_merge_backend": "torch"}
     assert kw["distributed_executor_backend"] == "external_launcher"
+
+
+def test_max_num_seqs_reaches_the_engine_and_defaults_to_the_batch():
+    from gate import worker
+
+    assert worker.engine_kwargs(plan.GateConfig(name="d", model="m"))["max_num_seqs"] == 8
+    cfg = plan.GateConfig(name="s", model="m", tp=2, dcp=2, max_num_seqs=256)
+    assert worker.engine_kwargs(cfg)["max_num_seqs"] == 256
+    assert plan.GateConfig.from_json(cfg.to_json()) == cfg
 
 
 def test_each_variant_puts_its_own_tree_first_on_the_path():

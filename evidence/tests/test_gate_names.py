@@ -55,6 +55,8 @@ def _run(name: str) -> dict:
         ("p-glmn-tp2-dcp2-merge-triton", {"engine_extra": {}}, "merge backend"),
         ("p-glmn-tp4-dcp4-mtp2", {"variant": "stock"}, "variant"),
         ("p-glmn-tp1-dcp1", {"model": "@v32n"}, "checkpoint"),
+        ("p-glmn-tp2-dcp2-b12x-ledger-seqs256", {"max_num_seqs": None}, "max_num_seqs"),
+        ("p-glmn-tp2-dcp2-ledger", {"max_num_seqs": 256}, "max_num_seqs"),
     ],
 )
 def test_a_run_whose_configuration_says_otherwise_is_caught(name, change, complaint):
