@@ -41,11 +41,8 @@ MODULE = "trtllm_comm"
 
 
 def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def seed_refusal(kept: Path, key: dict[str, str]) -> str | None:
