@@ -1466,6 +1466,17 @@ def nvfp4_section() -> list[str]:
 
 
 # -- results/README.md: one line per file ------------------------------------------------------
+def _ledger_memory(d: dict) -> str:
+    """The ledger's memory outside torch, the largest over ranks per entry ("" if unread)."""
+    read = {
+        label: max(e["non_torch_bytes"].values())
+        for label, e in (d.get("entries") or {}).items()
+        if e.get("non_torch_bytes")
+    }
+    if not read:
+        return ""
+    mib = ", ".join(f"{label} {b / 2**20:,.0f}" for label, b in read.items())
+    return f"; MiB outside torch per rank: {mib}"
 
 
 def _n(x: Any) -> int:
@@ -1561,6 +1572,7 @@ KIND_LINES: dict[str, Callable[[dict[str, Any]], str]] = {
     "dcp_comm_ledger": lambda d: (
         f"per-layer DCP communication ledger (entries {', '.join(d.get('entries') or {})}; "
         f"{_n(d.get('prompts'))} prompts): wire bytes per rank and phase"
+        + _ledger_memory(d)
         + ("; the ledger's observer check" if d.get("observer_check") else "")
     ),
     "dcp_memory": _memory_line,

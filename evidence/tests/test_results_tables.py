@@ -415,3 +415,21 @@ def test_no_rendered_command_names_a_machine_path():
     assert commands
     for command in commands:
         assert not re.search(r"(?<![\w.<>-])/(work|root|home|opt|mnt|tmp)/", command), command
+
+
+def test_a_ledger_line_states_each_entrys_memory_outside_torch():
+    """A ledger whose entries read memory outside torch states the largest rank's reading per
+    entry in MiB; one without readings says nothing of memory."""
+    d = results_tables.describe
+    ledger = {
+        "kind": "dcp_comm_ledger",
+        "prompts": ["a", "b"],
+        "entries": {
+            "b12x": {"non_torch_bytes": {"0": 1874853888, "1": 1872756736}},
+            "a2a": {"non_torch_bytes": {"0": 1835008000, "1": 1835008000}},
+        },
+    }
+    line = d("dcp-ledger-x.json", ledger)
+    assert line.endswith("; MiB outside torch per rank: b12x 1,788, a2a 1,750")
+    ledger["entries"] = {"b12x": {}, "a2a": {"non_torch_bytes": {}}}
+    assert "outside torch" not in d("dcp-ledger-x.json", ledger)
