@@ -1467,12 +1467,13 @@ def nvfp4_section() -> list[str]:
 
 # -- results/README.md: one line per file ------------------------------------------------------
 def _ledger_memory(d: dict) -> str:
-    """The ledger's memory outside torch, the largest over ranks per entry ("" if unread)."""
-    read = {
-        label: max(e["non_torch_bytes"].values())
-        for label, e in (d.get("entries") or {}).items()
-        if e.get("non_torch_bytes")
-    }
+    """The ledger's memory outside torch, the largest over the ranks that read it, per entry
+    ("" if none did; a rank NVML could not read is None, gate/ledger.py)."""
+    read = {}
+    for label, e in (d.get("entries") or {}).items():
+        known = [b for b in (e.get("non_torch_bytes") or {}).values() if b is not None]
+        if known:
+            read[label] = max(known)
     if not read:
         return ""
     mib = ", ".join(f"{label} {b / 2**20:,.0f}" for label, b in read.items())
